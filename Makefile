@@ -1,0 +1,22 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Both start PostgreSQL and RabbitMQ first (scripts/services.sh).
+
+GO ?= go
+TEST_TIMEOUT ?= 25m
+
+.PHONY: demo test services vet bench
+
+demo: services
+	$(GO) run ./examples/quickstart demo
+
+test: services vet
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+services:
+	./scripts/services.sh
+
+vet:
+	$(GO) vet ./...
+
+bench: services
+	$(GO) test -run '^$$' -bench . -benchtime 3s ./...

@@ -1,0 +1,167 @@
+// Package testbroker gives idem's own tests a real RabbitMQ: the URL, a
+// connection closed at the end of the test, uniquely named queues, and a TCP
+// proxy that a test can sever to simulate a dropped connection without
+// touching other tests running in parallel.
+package testbroker
+
+import (
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// DefaultURL is used when IDEM_AMQP_URL is not set.
+const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
+
+// URL returns IDEM_AMQP_URL or DefaultURL.
+func URL() string {
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Dial opens a connection for the test and closes it when the test ends. An
+// unreachable broker skips the test, or fails it under CI=true.
+func Dial(tb testing.TB) *amqp.Connection {
+	tb.Helper()
+	conn, err := amqp.DialConfig(URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		testdb.Unavailable(tb, "RabbitMQ", err)
+	}
+	tb.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// Channel opens a channel on a fresh test connection.
+func Channel(tb testing.TB) *amqp.Channel {
+	tb.Helper()
+	ch, err := Dial(tb).Channel()
+	if err != nil {
+		tb.Fatalf("testbroker: open channel: %v", err)
+	}
+	return ch
+}
+
+// Queue returns a queue name unique to this test; every queue whose name
+// starts with it is deleted when the test ends (the name itself, and the
+// ".dlq" and ".retry" queues idem declares next to it).
+func Queue(tb testing.TB) string {
+	tb.Helper()
+	name := testdb.Name(tb, "q")
+	tb.Cleanup(func() {
+		conn, err := amqp.DialConfig(URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for _, q := range []string{name, name + ".dlq", name + ".retry"} {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			_, _ = ch.QueueDelete(q, false, false, false)
+			_ = ch.Close()
+		}
+	})
+	return name
+}
+
+// Proxy forwards TCP connections to the broker. Sever closes every
+// connection that passed through it so far, the way a network failure or
+// `rabbitmqctl close_all_connections` would, but only for this test.
+type Proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+// NewProxy starts a proxy in front of the broker and returns it; the proxy
+// stops when the test ends. Use its URL in place of URL().
+func NewProxy(tb testing.TB) *Proxy {
+	tb.Helper()
+	u, err := url.Parse(URL())
+	if err != nil {
+		tb.Fatalf("testbroker: parse url: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("testbroker: listen: %v", err)
+	}
+	p := &Proxy{ln: ln, target: u.Host}
+	p.wg.Add(1)
+	go p.accept()
+	tb.Cleanup(func() {
+		_ = ln.Close()
+		p.Sever()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// URL is the broker URL with the host replaced by the proxy's address.
+func (p *Proxy) URL() string {
+	u, _ := url.Parse(URL())
+	u.Host = p.ln.Addr().String()
+	return u.String()
+}
+
+// Sever closes every proxied connection open now. New connections are
+// accepted again right away.
+func (p *Proxy) Sever() {
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			_ = client.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, client, server)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(client, server)
+		go p.pipe(server, client)
+	}
+}
+
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	_ = dst.Close()
+	_ = src.Close()
+}

@@ -1,0 +1,185 @@
+// Package migrate owns the schema of every table idem uses: embedded,
+// versioned SQL applied inside a transaction under a PostgreSQL advisory lock
+// and recorded in a migrations table, so that running it twice is a no-op and
+// several processes migrating at once apply each version exactly once.
+//
+// Teams with their own migration tool take the SQL from SQL (or
+// `idem migrate --print-sql`) instead of calling Up.
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/binary"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// Migration is one versioned step of the schema.
+type Migration struct {
+	// Version orders migrations; it is the number the file name starts with.
+	Version int
+	// Name is the rest of the file name, without extension.
+	Name string
+	// SQL is the statement text with the schema and prefix filled in.
+	SQL string
+}
+
+// All returns every migration for tables t, in version order.
+func All(t idem.Tables) ([]Migration, error) {
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+	t = t.WithDefaults()
+	entries, err := fs.ReadDir(files, "sql")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read embedded sql: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		if !ok {
+			return nil, fmt.Errorf("migrate: file %s: want NNNN_name.sql", e.Name())
+		}
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("migrate: file %s: version: %w", e.Name(), err)
+		}
+		raw, err := files.ReadFile(path.Join("sql", e.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("migrate: read %s: %w", e.Name(), err)
+		}
+		tmpl, err := template.New(e.Name()).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("migrate: parse %s: %w", e.Name(), err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, t); err != nil {
+			return nil, fmt.Errorf("migrate: render %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: buf.String()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("migrate: version %d appears twice", out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// SQL returns the whole schema as one script, each migration introduced by a
+// comment and followed by the insert that records it, for teams that apply
+// migrations with their own tool.
+func SQL(t idem.Tables) (string, error) {
+	ms, err := All(t)
+	if err != nil {
+		return "", err
+	}
+	t = t.WithDefaults()
+	var b strings.Builder
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n%s;\n", t.QuotedSchema(), createMigrationsTable(t))
+	for _, m := range ms {
+		fmt.Fprintf(&b, "\n-- idem migration %04d_%s\n%s\n", m.Version, m.Name, strings.TrimSpace(m.SQL))
+		fmt.Fprintf(&b, "INSERT INTO %s (version, name) VALUES (%d, %s);\n",
+			t.Table("migrations"), m.Version, quoteLiteral(m.Name))
+	}
+	return b.String(), nil
+}
+
+// Result says what Up did.
+type Result struct {
+	// Applied lists the versions applied by this call, in order.
+	Applied []int
+	// Current is the highest version present after the call.
+	Current int
+}
+
+// Up applies every migration not yet recorded for tables t. It runs in one
+// transaction holding an advisory lock derived from the schema name, so
+// concurrent callers serialise and each version is applied once.
+func Up(ctx context.Context, pool *pgxpool.Pool, t idem.Tables) (Result, error) {
+	ms, err := All(t)
+	if err != nil {
+		return Result{}, err
+	}
+	t = t.WithDefaults()
+	var res Result
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(t.Schema)); err != nil {
+			return fmt.Errorf("migrate: advisory lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+t.QuotedSchema()); err != nil {
+			return fmt.Errorf("migrate: create schema %s: %w", t.Schema, err)
+		}
+		if _, err := tx.Exec(ctx, createMigrationsTable(t)); err != nil {
+			return fmt.Errorf("migrate: create migrations table: %w", err)
+		}
+		rows, err := tx.Query(ctx, "SELECT version FROM "+t.Table("migrations"))
+		if err != nil {
+			return fmt.Errorf("migrate: read applied versions: %w", err)
+		}
+		applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return fmt.Errorf("migrate: read applied versions: %w", err)
+		}
+		done := make(map[int]bool, len(applied))
+		for _, v := range applied {
+			done[v] = true
+			res.Current = max(res.Current, v)
+		}
+		for _, m := range ms {
+			if done[m.Version] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+t.Table("migrations")+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+				return fmt.Errorf("migrate: record %04d_%s: %w", m.Version, m.Name, err)
+			}
+			res.Applied = append(res.Applied, m.Version)
+			res.Current = max(res.Current, m.Version)
+		}
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// LockKey is the advisory lock key Up takes for schema. It is exported so that
+// operators can see who holds it in pg_locks.
+func LockKey(schema string) int64 {
+	sum := sha256.Sum256([]byte("idem.migrate:" + schema))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+func createMigrationsTable(t idem.Tables) string {
+	return "CREATE TABLE IF NOT EXISTS " + t.Table("migrations") + ` (
+	version    integer     PRIMARY KEY,
+	name       text        NOT NULL,
+	applied_at timestamptz NOT NULL DEFAULT now()
+)`
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}

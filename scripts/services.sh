@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Makes PostgreSQL and RabbitMQ (with the stream plugin) available for idem's
+# demo and tests. Safe to run again and again: what already answers is left
+# alone. On a Debian machine, as root, it installs and starts what is missing
+# without systemd; anywhere else it exits non-zero with the commands to run.
+#
+#   IDEM_PG_URL    default postgres://root@127.0.0.1:5432/test?sslmode=disable
+#   IDEM_AMQP_URL  default amqp://guest:guest@127.0.0.1:5672/
+#   IDEM_STREAM_PORT default 5552
+set -euo pipefail
+
+PG_URL=${IDEM_PG_URL:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
+AMQP_URL=${IDEM_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}
+STREAM_PORT=${IDEM_STREAM_PORT:-5552}
+WAIT_SECONDS=${IDEM_SERVICES_WAIT:-90}
+
+log() { echo "services: $*" >&2; }
+
+# host_port URL DEFAULT_PORT prints "host port" of a URL.
+host_port() {
+	local rest=${1#*://}
+	rest=${rest#*@}
+	rest=${rest%%/*}
+	rest=${rest%%\?*}
+	local host=${rest%:*} port=${rest##*:}
+	[ "$host" = "$rest" ] && port=$2
+	[ -n "$host" ] || host=127.0.0.1
+	echo "$host $port"
+}
+
+read -r PG_HOST PG_PORT <<<"$(host_port "$PG_URL" 5432)"
+read -r AMQP_HOST AMQP_PORT <<<"$(host_port "$AMQP_URL" 5672)"
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+is_local() { case "$1" in 127.*|localhost|::1) return 0;; *) return 1;; esac; }
+
+can_install() { [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; }
+
+wait_for() { # what, command...
+	local what=$1; shift
+	local deadline=$((SECONDS + WAIT_SECONDS))
+	until "$@" >/dev/null 2>&1; do
+		if [ $SECONDS -ge $deadline ]; then
+			log "$what did not answer within ${WAIT_SECONDS}s"
+			return 1
+		fi
+		sleep 1
+	done
+}
+
+APT_UPDATED=
+apt_install() {
+	if [ -z "$APT_UPDATED" ]; then
+		log "apt-get update"
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq
+		APT_UPDATED=1
+	fi
+	log "apt-get install $*"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+pg_answers() { command -v psql >/dev/null && psql "$PG_URL" -Atqc 'select 1' 2>/dev/null | grep -qx 1; }
+
+manual_pg() {
+	cat >&2 <<MSG
+services: PostgreSQL is not reachable at $PG_HOST:$PG_PORT and this script cannot set it up here
+          (it needs root on Debian, and a local address). Run, as root on Debian:
+    apt-get update && apt-get install -y postgresql
+    pg_ctlcluster --skip-systemctl-redirect \$(ls /etc/postgresql) main start
+    su postgres -c "psql -c \"CREATE ROLE root SUPERUSER LOGIN\""
+    su postgres -c "createdb -O root test"
+  or point IDEM_PG_URL at a PostgreSQL you have (current: ${PG_URL%%@*}@...).
+MSG
+	exit 1
+}
+
+ensure_postgres() {
+	if pg_answers; then log "PostgreSQL answers at $PG_HOST:$PG_PORT"; return; fi
+	if port_open "$PG_HOST" "$PG_PORT" && ! command -v psql >/dev/null; then
+		can_install || manual_pg
+		apt_install postgresql-client
+		if pg_answers; then log "PostgreSQL answers at $PG_HOST:$PG_PORT"; return; fi
+	fi
+	is_local "$PG_HOST" && can_install || manual_pg
+	if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
+		apt_install postgresql postgresql-client
+	fi
+	local version
+	version=$(ls /etc/postgresql | sort -V | tail -n 1)
+	local hba=/etc/postgresql/$version/main/pg_hba.conf
+	if ! grep -q '# idem: trust local root' "$hba"; then
+		log "allowing role root from 127.0.0.1 without a password ($hba)"
+		sed -i '1i host all root 127.0.0.1/32 trust # idem: trust local root\nhost all root ::1/128 trust # idem: trust local root' "$hba"
+		pg_ctlcluster --skip-systemctl-redirect "$version" main reload >/dev/null 2>&1 || true
+	fi
+	if ! pg_ctlcluster "$version" main status >/dev/null 2>&1; then
+		log "starting PostgreSQL $version"
+		pg_ctlcluster --skip-systemctl-redirect "$version" main start
+	fi
+	wait_for "PostgreSQL" su postgres -c "psql -Atqc 'select 1'"
+	local db user
+	user=$(sed -E 's#^[a-z]+://([^:@/]+).*#\1#' <<<"$PG_URL")
+	db=$(sed -E 's#^[^/]*//[^/]*/([^?]*).*#\1#' <<<"$PG_URL")
+	su postgres -c "psql -Atqc \"SELECT 1 FROM pg_roles WHERE rolname = '$user'\"" | grep -q 1 ||
+		su postgres -c "psql -qc 'CREATE ROLE \"$user\" SUPERUSER LOGIN'"
+	su postgres -c "psql -Atqc \"SELECT 1 FROM pg_database WHERE datname = '$db'\"" | grep -q 1 ||
+		su postgres -c "createdb -O '$user' '$db'"
+	wait_for "PostgreSQL at $PG_HOST:$PG_PORT" pg_answers || manual_pg
+	log "PostgreSQL ready at $PG_HOST:$PG_PORT"
+}
+
+manual_rabbit() {
+	cat >&2 <<MSG
+services: RabbitMQ is not ready at $AMQP_HOST:$AMQP_PORT (streams on $STREAM_PORT) and this script
+          cannot set it up here (it needs root on Debian, and a local address). Run, as root on Debian:
+    apt-get update && apt-get install -y rabbitmq-server
+    rabbitmq-plugins --offline enable rabbitmq_stream
+    rabbitmq-server -detached
+    rabbitmqctl await_startup
+  or point IDEM_AMQP_URL at a RabbitMQ (>= 3.10, rabbitmq_stream enabled) you have.
+MSG
+	exit 1
+}
+
+ensure_rabbitmq() {
+	if port_open "$AMQP_HOST" "$AMQP_PORT" && port_open "$AMQP_HOST" "$STREAM_PORT"; then
+		log "RabbitMQ answers at $AMQP_HOST:$AMQP_PORT, streams at $STREAM_PORT"
+		return
+	fi
+	is_local "$AMQP_HOST" && can_install || manual_rabbit
+	if ! command -v rabbitmq-server >/dev/null; then
+		apt_install rabbitmq-server
+	fi
+	if ! port_open "$AMQP_HOST" "$AMQP_PORT"; then
+		log "starting RabbitMQ"
+		rabbitmq-plugins --offline enable rabbitmq_stream >/dev/null
+		rabbitmq-server -detached >/dev/null 2>&1 || true
+		wait_for "RabbitMQ" port_open "$AMQP_HOST" "$AMQP_PORT" || manual_rabbit
+		timeout "$WAIT_SECONDS" rabbitmqctl await_startup >/dev/null 2>&1 || true
+	fi
+	if ! port_open "$AMQP_HOST" "$STREAM_PORT"; then
+		log "enabling rabbitmq_stream"
+		rabbitmq-plugins enable rabbitmq_stream >/dev/null
+		wait_for "RabbitMQ streams on $STREAM_PORT" port_open "$AMQP_HOST" "$STREAM_PORT" || manual_rabbit
+	fi
+	log "RabbitMQ ready at $AMQP_HOST:$AMQP_PORT, streams at $STREAM_PORT"
+}
+
+ensure_postgres
+ensure_rabbitmq
