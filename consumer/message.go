@@ -1,0 +1,141 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// Handler processes one message inside the batch transaction tx. Its writes
+// commit together with the message's inbox row, or not at all. Returning nil
+// marks the message processed; Permanent or DeadLetter errors dead-letter it;
+// any other error (or a panic) retries it later. The handler must not commit
+// or roll back tx.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Message is one delivery as the handler sees it.
+type Message struct {
+	// ID is the message's identity in the inbox (by default the AMQP message-id).
+	ID string
+	// Body is the raw payload.
+	Body []byte
+	// Headers are the AMQP headers (application properties on streams).
+	Headers map[string]any
+	// ContentType is the AMQP content-type property.
+	ContentType string
+	// CorrelationID is the AMQP correlation-id property.
+	CorrelationID string
+	// Exchange is the exchange the message was published to.
+	Exchange string
+	// RoutingKey is the routing key the message was published with.
+	RoutingKey string
+	// Redelivered is the broker's redelivered flag.
+	Redelivered bool
+	// DeliveryCount is x-delivery-count, set by quorum queues on redelivery; 0 otherwise.
+	DeliveryCount int64
+	// Attempt is 1 for the first processing attempt and grows with each retry.
+	Attempt int
+	// Hash is the payload hash stored in the inbox.
+	Hash idem.Hash
+	// BusinessKey is set when Config.BusinessKey is.
+	BusinessKey string
+	// Source is the queue or stream the message came from.
+	Source string
+	// Offset is the stream offset; meaningful only when HasOffset.
+	Offset int64
+	// HasOffset reports whether the message came from a stream.
+	HasOffset bool
+	// Timestamp is the publisher's timestamp, when set.
+	Timestamp time.Time
+
+	// rawID is the message id property as received, republished as is.
+	rawID string
+	// deadLetter is set by preparation when the message cannot be processed.
+	deadLetter *DeadLetterError
+}
+
+// JSON adapts a handler that takes the decoded body. A body that does not
+// decode into T (unknown fields are allowed) dead-letters the message with
+// reason "decode_error".
+func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error) Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		var v T
+		if err := json.Unmarshal(m.Body, &v); err != nil {
+			return DeadLetter(ReasonDecodeError, err)
+		}
+		return fn(ctx, tx, m, v)
+	}
+}
+
+// IDFunc extracts a message's identity. An empty id without error means the
+// message has none: it is dead-lettered with reason "missing_message_id".
+type IDFunc func(m *Message, messageID string) (string, error)
+
+// IDFromProperty uses the AMQP message-id property. It is the default.
+func IDFromProperty(_ *Message, messageID string) (string, error) { return messageID, nil }
+
+// IDFromHeader uses the string header name.
+func IDFromHeader(name string) IDFunc {
+	return func(m *Message, _ string) (string, error) {
+		v, ok := m.Headers[name]
+		if !ok {
+			return "", nil
+		}
+		s, ok := v.(string)
+		if !ok {
+			return "", fmt.Errorf("header %q is %T, want string", name, v)
+		}
+		return s, nil
+	}
+}
+
+// IDFromJSONField uses the top-level string or number field of a JSON body.
+func IDFromJSONField(field string) IDFunc {
+	return func(m *Message, _ string) (string, error) {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(m.Body, &obj); err != nil {
+			return "", fmt.Errorf("id field %q: %w", field, err)
+		}
+		raw, ok := obj[field]
+		if !ok || string(raw) == "null" {
+			return "", nil
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err == nil {
+			return s, nil
+		}
+		var n json.Number
+		if err := json.Unmarshal(raw, &n); err == nil {
+			return n.String(), nil
+		}
+		return "", fmt.Errorf("id field %q is neither string nor number", field)
+	}
+}
+
+// IDFromPayloadHash derives the id from the payload hash: two messages with
+// the same body are then the same message. It is an explicit opt-in, never a
+// fallback, because two legitimate equal messages (two deposits of 5) would
+// collapse into one.
+func IDFromPayloadHash(m *Message, _ string) (string, error) {
+	return "sha256:" + m.Hash.String(), nil
+}
+
+// HashFunc computes the payload hash stored in the inbox.
+type HashFunc func(body []byte) (idem.Hash, error)
+
+// HashRaw hashes the raw body bytes (SHA-256). It is the default.
+func HashRaw(body []byte) (idem.Hash, error) { return idem.HashBytes(body), nil }
+
+// HashCanonicalJSON hashes the canonical form of a JSON body, so a payload
+// that was re-serialised (keys reordered, whitespace, 1.0 vs 1) is not a
+// conflict. A body that is not JSON is dead-lettered with "decode_error".
+func HashCanonicalJSON(body []byte) (idem.Hash, error) { return idem.HashJSON(body) }
+
+// errMissingID is the cause stored for missing_message_id dead letters.
+var errMissingID = errors.New("message has no id")

@@ -1,0 +1,362 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+)
+
+// outcome is what became of one message in a batch.
+type outcome int
+
+const (
+	// outcomeProcessed: the handler ran and its writes committed with the inbox row.
+	outcomeProcessed outcome = iota
+	// outcomeDuplicate: the inbox already held the id with the same hash.
+	outcomeDuplicate
+	// outcomeDeadLettered: a dead-letter row committed; the message goes to the DLQ.
+	outcomeDeadLettered
+	// outcomeRetry: nothing committed for it; try again after a delay.
+	outcomeRetry
+	// outcomeUnresolved: the batch transaction failed; hand it back to the broker.
+	outcomeUnresolved
+)
+
+func (o outcome) String() string {
+	switch o {
+	case outcomeProcessed:
+		return "processed"
+	case outcomeDuplicate:
+		return "duplicate"
+	case outcomeDeadLettered:
+		return "dead_lettered"
+	case outcomeRetry:
+		return "retried"
+	default:
+		return "unresolved"
+	}
+}
+
+// result is the outcome of one message plus what the source needs to act on it.
+type result struct {
+	outcome    outcome
+	reason     string    // dead-letter reason
+	err        error     // handler error or dead-letter cause
+	storedHash idem.Hash // for payload conflicts
+}
+
+// batchError is a failure of the batch transaction as a whole: nothing in it
+// is known to have committed.
+type batchError struct {
+	err        error
+	contention bool // deadlock or serialization failure
+}
+
+func (e *batchError) Error() string { return "batch: " + e.err.Error() }
+func (e *batchError) Unwrap() error { return e.err }
+
+// isContention reports a deadlock (40P01) or serialization failure (40001).
+func isContention(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// prepare fills the fields the runtime derives from a delivery (hash, id,
+// business key) and marks messages that cannot be processed. rawID is the
+// AMQP message-id property (or the stream's message id).
+func (c *Consumer) prepare(m *Message, rawID string) {
+	if len(m.Body) > c.cfg.MaxMessageBytes {
+		m.deadLetter = &DeadLetterError{Reason: ReasonTooLarge,
+			Err: fmt.Errorf("body has %d bytes, limit is %d", len(m.Body), c.cfg.MaxMessageBytes)}
+		m.Hash = idem.HashBytes(m.Body)
+		return
+	}
+	m.rawID = rawID
+	h, err := c.cfg.Hash(m.Body)
+	if err != nil {
+		m.Hash = idem.HashBytes(m.Body)
+		m.deadLetter = &DeadLetterError{Reason: ReasonDecodeError, Err: fmt.Errorf("hash payload: %w", err)}
+		return
+	}
+	m.Hash = h
+	id, err := c.cfg.MessageID(m, rawID)
+	switch {
+	case err != nil:
+		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID, Err: err}
+		return
+	case id == "":
+		m.deadLetter = &DeadLetterError{Reason: ReasonMissingMessageID, Err: errMissingID}
+		return
+	case len(id) > c.cfg.MaxIDBytes:
+		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID,
+			Err: fmt.Errorf("message id has %d bytes, limit is %d", len(id), c.cfg.MaxIDBytes)}
+		m.ID = id[:64]
+		return
+	case !utf8.ValidString(id) || containsNUL(id):
+		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID, Err: errors.New("message id is not valid UTF-8 text")}
+		return
+	}
+	m.ID = id
+	if c.cfg.BusinessKey != nil {
+		key, err := c.cfg.BusinessKey(m)
+		if err == nil && (len(key) > c.cfg.MaxIDBytes || !utf8.ValidString(key) || containsNUL(key)) {
+			err = fmt.Errorf("business key is not valid UTF-8 text of at most %d bytes", c.cfg.MaxIDBytes)
+		}
+		if err != nil {
+			m.deadLetter = &DeadLetterError{Reason: ReasonInvalidKey, Err: err}
+			return
+		}
+		m.BusinessKey = key
+	}
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// batchHooks let a source add to the batch transaction.
+type batchHooks struct {
+	// beforeCommit runs last inside the transaction (stream checkpoints).
+	beforeCommit func(ctx context.Context, tx pgx.Tx, results []result) error
+	// afterCommit runs once the commit returned without error (tests use it
+	// to simulate a crash between commit and ack).
+	afterCommit func()
+	// abandon, when closed, stops retries of a failing batch (its broker
+	// session died: the messages will be redelivered anyway).
+	abandon <-chan struct{}
+}
+
+// processBatch runs msgs in one transaction: one claim statement for the
+// batch, then per new message a savepoint, the handler, and release — or a
+// rollback to the savepoint and an unclaim when the handler fails. Dead-letter
+// rows are written in the same transaction. A *batchError means nothing is
+// known to have committed.
+func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batchHooks) (_ []result, err error) {
+	results := make([]result, len(msgs))
+	ctxs := make([]context.Context, len(msgs))
+	spans := make([]trace.Span, len(msgs))
+	for i, m := range msgs {
+		ctxs[i], spans[i] = c.tel.startSpan(ctx, m, len(msgs))
+	}
+	defer func() {
+		for i, span := range spans {
+			r := results[i]
+			if err != nil {
+				r = result{outcome: outcomeUnresolved, err: err}
+			}
+			endSpan(span, r)
+		}
+	}()
+	c.tel.batch(ctx, len(msgs))
+	tx, err := c.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return nil, &batchError{err: fmt.Errorf("begin: %w", err)}
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+
+	claims := make([]inbox.Claim, 0, len(msgs))
+	index := make([]int, 0, len(msgs))
+	for i, m := range msgs {
+		if m.deadLetter != nil {
+			results[i] = result{outcome: outcomeDeadLettered, reason: m.deadLetter.Reason, err: m.deadLetter.Err}
+			continue
+		}
+		cl := inbox.Claim{Consumer: c.cfg.Name, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
+		if m.HasOffset {
+			off := m.Offset
+			cl.StreamOffset = &off
+		}
+		claims = append(claims, cl)
+		index = append(index, i)
+	}
+	var decisions []inbox.Result
+	if len(claims) > 0 {
+		decisions, err = c.inbox.ClaimBatch(ctx, tx, claims)
+		if err != nil {
+			return nil, &batchError{err: err, contention: isContention(err)}
+		}
+	}
+	htx := handlerTx{tx}
+	savepoint := false
+	for j, d := range decisions {
+		i := index[j]
+		m := msgs[i]
+		switch d.Decision {
+		case inbox.Duplicate:
+			results[i] = result{outcome: outcomeDuplicate}
+		case inbox.Conflict:
+			results[i] = result{outcome: outcomeDeadLettered, reason: ReasonPayloadConflict, storedHash: d.StoredHash,
+				err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", m.Hash, d.StoredHash)}
+		default:
+			stmt := "SAVEPOINT idem_message"
+			if savepoint {
+				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+			}
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return nil, &batchError{err: fmt.Errorf("savepoint: %w", err)}
+			}
+			savepoint = true
+			start := time.Now()
+			herr := c.callHandler(ctxs[i], htx, m)
+			c.tel.handlerTime(ctx, time.Since(start))
+			if herr == nil {
+				results[i] = result{outcome: outcomeProcessed}
+				continue
+			}
+			if isContention(herr) {
+				return nil, &batchError{err: fmt.Errorf("message %s: %w", shortID(m.ID), herr), contention: true}
+			}
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
+				return nil, &batchError{err: fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err)}
+			}
+			if err := c.inbox.Unclaim(ctx, tx, c.cfg.Name, m.ID); err != nil {
+				return nil, &batchError{err: err}
+			}
+			results[i] = c.classify(m, herr)
+		}
+	}
+	if err := c.insertDeadLetters(ctx, tx, msgs, results); err != nil {
+		return nil, &batchError{err: err}
+	}
+	if hooks.beforeCommit != nil {
+		if err := hooks.beforeCommit(ctx, tx, results); err != nil {
+			return nil, &batchError{err: err, contention: isContention(err)}
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
+	defer cancel()
+	start := time.Now()
+	err = tx.Commit(cctx)
+	c.tel.commitTime(ctx, time.Since(start))
+	committed = true // committed or failed: either way the tx is over
+	if err != nil {
+		return nil, &batchError{err: fmt.Errorf("commit: %w", err), contention: isContention(err)}
+	}
+	c.counts.batches.Add(1)
+	if hooks.afterCommit != nil {
+		hooks.afterCommit()
+	}
+	return results, nil
+}
+
+// classify turns a handler error into a dead letter or a retry.
+func (c *Consumer) classify(m *Message, herr error) result {
+	if reason, ok := deadLetterReason(herr); ok {
+		return result{outcome: outcomeDeadLettered, reason: reason, err: herr}
+	}
+	if m.Attempt >= c.cfg.MaxAttempts {
+		return result{outcome: outcomeDeadLettered, reason: ReasonMaxAttempts,
+			err: fmt.Errorf("attempt %d of %d: %w", m.Attempt, c.cfg.MaxAttempts, herr)}
+	}
+	return result{outcome: outcomeRetry, err: herr}
+}
+
+// callHandler runs the handler and turns a panic into a *PanicError.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+			c.cfg.Logger.Error("handler panicked", "consumer", c.cfg.Name, "message_id", shortID(m.ID),
+				"panic", fmt.Sprint(v), "stack", string(err.(*PanicError).Stack))
+		}
+	}()
+	return c.handler(ctx, tx, m)
+}
+
+// runBatch processes msgs, retrying the whole batch after database failures
+// with capped backoff. A batch that keeps failing is split in halves (at once
+// for deadlocks and serialization failures, which concurrent batches cause),
+// down to single messages. A single message whose transaction keeps failing
+// while the database answers is given up (unresolved: back to the broker,
+// whose delivery limit ends a poison message); while the database does not
+// answer, it is retried until it does or the batch is abandoned (shutdown
+// deadline, or its broker session died).
+func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, hooks batchHooks) []result {
+	for attempt := 1; ; attempt++ {
+		res, err := c.processBatch(ctx, msgs, hooks)
+		if err == nil {
+			return res
+		}
+		var be *batchError
+		contention := errors.As(err, &be) && be.contention
+		c.cfg.Logger.Warn("batch failed, retrying", "consumer", c.cfg.Name, "size", len(msgs), "attempt", attempt,
+			"contention", contention, "error", err)
+		c.tel.batchRetry(ctx, contention)
+		if ctx.Err() != nil || closed(hooks.abandon) {
+			return unresolved(len(msgs), err)
+		}
+		if len(msgs) > 1 && (attempt >= c.cfg.BatchRetries || (contention && attempt >= 2)) {
+			half := len(msgs) / 2
+			return append(c.runBatch(ctx, msgs[:half], hooks), c.runBatch(ctx, msgs[half:], hooks)...)
+		}
+		if attempt >= c.cfg.BatchRetries && c.databaseAnswers(ctx) {
+			return unresolved(len(msgs), err)
+		}
+		sleep(ctx, backoff(attempt, 50*time.Millisecond, 5*time.Second))
+	}
+}
+
+func unresolved(n int, err error) []result {
+	out := make([]result, n)
+	for i := range out {
+		out[i] = result{outcome: outcomeUnresolved, err: err}
+	}
+	return out
+}
+
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// databaseAnswers reports whether PostgreSQL answers a trivial query.
+func (c *Consumer) databaseAnswers(ctx context.Context) bool {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := c.cfg.Pool.Exec(pctx, "SELECT 1")
+	return err == nil
+}
+
+// handlerTx is the transaction handlers get: the runtime owns commit and
+// rollback, so the handler cannot end the batch's transaction.
+type handlerTx struct{ pgx.Tx }
+
+// errTxOwned is returned when a handler tries to end the batch transaction.
+var errTxOwned = errors.New("consumer: the runtime owns the transaction; return an error instead of rolling back")
+
+func (handlerTx) Commit(context.Context) error   { return errTxOwned }
+func (handlerTx) Rollback(context.Context) error { return errTxOwned }
+
+// shortID truncates a message id for logs: ids may carry business data.
+func shortID(id string) string {
+	if len(id) <= 24 {
+		return id
+	}
+	return id[:24] + "…"
+}

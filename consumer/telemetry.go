@@ -1,0 +1,167 @@
+package consumer
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const instrumentation = "github.com/idemkit/idem/consumer"
+
+// telemetry holds the consumer's instruments. Attributes are low-cardinality
+// (consumer name, source, outcome); message ids go on spans only.
+type telemetry struct {
+	name         string
+	tracer       trace.Tracer
+	messages     metric.Int64Counter
+	batchSize    metric.Int64Histogram
+	handlerDur   metric.Float64Histogram
+	commitDur    metric.Float64Histogram
+	batchRetries metric.Int64Counter
+	acksDropped  metric.Int64Counter
+	reconnects   metric.Int64Counter
+	base         attribute.Set
+	baseAttrs    []attribute.KeyValue
+}
+
+func newTelemetry(cfg *Config, source string) (*telemetry, error) {
+	mp := cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	m := mp.Meter(instrumentation)
+	t := &telemetry{name: cfg.Name, tracer: tp.Tracer(instrumentation)}
+	t.baseAttrs = []attribute.KeyValue{attribute.String("idem.consumer", cfg.Name), attribute.String("messaging.destination.name", source)}
+	t.base = attribute.NewSet(t.baseAttrs...)
+	var err error
+	if t.messages, err = m.Int64Counter("idem.consumer.messages",
+		metric.WithDescription("Messages by outcome: processed, duplicate, conflict, retried, dead_lettered, unresolved.")); err != nil {
+		return nil, err
+	}
+	if t.batchSize, err = m.Int64Histogram("idem.consumer.batch.size",
+		metric.WithDescription("Messages per batch transaction."),
+		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)); err != nil {
+		return nil, err
+	}
+	if t.handlerDur, err = m.Float64Histogram("idem.consumer.handler.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time spent in the handler per message.")); err != nil {
+		return nil, err
+	}
+	if t.commitDur, err = m.Float64Histogram("idem.consumer.commit.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time spent committing a batch.")); err != nil {
+		return nil, err
+	}
+	if t.batchRetries, err = m.Int64Counter("idem.consumer.batch.retries",
+		metric.WithDescription("Batch transactions retried after a database failure.")); err != nil {
+		return nil, err
+	}
+	if t.acksDropped, err = m.Int64Counter("idem.consumer.acks.dropped",
+		metric.WithDescription("Acks not sent because their channel died (the broker redelivers).")); err != nil {
+		return nil, err
+	}
+	if t.reconnects, err = m.Int64Counter("idem.consumer.reconnects",
+		metric.WithDescription("Broker reconnects.")); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributes(append(kv, t.baseAttrs...)...)
+}
+
+func (t *telemetry) outcome(ctx context.Context, name string, n int) {
+	if n > 0 {
+		t.messages.Add(ctx, int64(n), t.with(attribute.String("outcome", name)))
+	}
+}
+
+func (t *telemetry) batch(ctx context.Context, n int) {
+	t.batchSize.Record(ctx, int64(n), metric.WithAttributeSet(t.base))
+}
+
+func (t *telemetry) handlerTime(ctx context.Context, d time.Duration) {
+	t.handlerDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.base))
+}
+
+func (t *telemetry) commitTime(ctx context.Context, d time.Duration) {
+	t.commitDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.base))
+}
+
+func (t *telemetry) batchRetry(ctx context.Context, contention bool) {
+	t.batchRetries.Add(ctx, 1, t.with(attribute.Bool("contention", contention)))
+}
+
+func (t *telemetry) ackDropped(ctx context.Context, n int) {
+	t.acksDropped.Add(ctx, int64(n), metric.WithAttributeSet(t.base))
+}
+
+func (t *telemetry) reconnect(ctx context.Context) {
+	t.reconnects.Add(ctx, 1, metric.WithAttributeSet(t.base))
+}
+
+// headerCarrier lets the propagator read trace context from message headers.
+type headerCarrier map[string]any
+
+func (h headerCarrier) Get(key string) string {
+	s, _ := h[key].(string)
+	return s
+}
+
+func (h headerCarrier) Set(key, value string) { h[key] = value }
+
+func (h headerCarrier) Keys() []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+var _ propagation.TextMapCarrier = headerCarrier(nil)
+
+// startSpan starts the process span of one message, continuing the trace
+// found in its headers (messaging semantic conventions).
+func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (context.Context, trace.Span) {
+	ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
+	attrs := []attribute.KeyValue{
+		attribute.String("messaging.system", "rabbitmq"),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.operation.name", "process"),
+		attribute.String("messaging.destination.name", m.Source),
+		attribute.String("messaging.message.id", m.ID),
+		attribute.Int("messaging.message.body.size", len(m.Body)),
+		attribute.Int("messaging.batch.message_count", batchSize),
+		attribute.String("idem.consumer", t.name),
+	}
+	if m.RoutingKey != "" {
+		attrs = append(attrs, attribute.String("messaging.rabbitmq.destination.routing_key", m.RoutingKey))
+	}
+	if m.HasOffset {
+		attrs = append(attrs, attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(m.Offset, 10)))
+	}
+	return t.tracer.Start(ctx, "process "+m.Source, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+}
+
+// endSpan records the message's outcome on its span.
+func endSpan(span trace.Span, r result) {
+	span.SetAttributes(attribute.String("idem.outcome", r.outcome.String()))
+	if r.reason != "" {
+		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.reason))
+	}
+	if r.err != nil && r.outcome != outcomeProcessed {
+		span.SetStatus(codes.Error, r.err.Error())
+	}
+	span.End()
+}

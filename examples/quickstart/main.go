@@ -1,0 +1,74 @@
+// Command quickstart is idem's smallest worker: it adds deposits to account
+// balances with a plain, deliberately non-idempotent increment, so that only
+// idem stands between a redelivered message and a wrong balance.
+//
+//	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart]
+//	go run ./examples/quickstart publish [-n 10000] [-dup 0.3]
+//	go run ./examples/quickstart demo    [-n 10000] [-dup 0.3]
+//
+// Messages are JSON {"account":"A1","amount":5} with the AMQP message-id set.
+// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: quickstart worker|publish|demo [flags]")
+	}
+	fs := flag.NewFlagSet("quickstart "+args[0], flag.ContinueOnError)
+	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL: env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")}
+	fs.StringVar(&o.queue, "queue", "quickstart.deposits", "queue to consume / publish to")
+	fs.StringVar(&o.schema, "schema", "quickstart", "schema for idem's tables and the balances")
+	fs.IntVar(&o.n, "n", 10000, "deposits to publish")
+	fs.Float64Var(&o.dup, "dup", 0.3, "fraction of deposits published a second time (same id and body)")
+	fs.IntVar(&o.accounts, "accounts", 20, "number of accounts")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	switch args[0] {
+	case "worker":
+		return worker(ctx, o, logger)
+	case "publish":
+		_, err := publish(ctx, o, logger)
+		return err
+	case "demo":
+		return demo(ctx, o, logger)
+	default:
+		return fmt.Errorf("unknown command %q: want worker, publish or demo", args[0])
+	}
+}
+
+type options struct {
+	pgURL, amqpURL, queue, schema string
+	n, accounts                   int
+	dup                           float64
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// published is what a publish run sent: the deposits it expects applied.
+type published struct {
+	messages int            // everything sent, copies included
+	expected map[string]int64 // account → sum of distinct deposits
+}
+
+// publish sends o.n deposits with unique ids, about o.dup of them a second
+// time with the same id and body, using publisher confirms.
+func publish(ctx context.Context, o options, logger *slog.Logger) (published, error) {
+	res := published{expected: map[string]int64{}}
+	conn, err := amqp.Dial(o.amqpURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return res, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return res, err
+	}
+	var run [4]byte
+	_, _ = rand.Read(run[:])
+	prefix := "dep-" + hex.EncodeToString(run[:])
+	start := time.Now()
+	var pending []*amqp.DeferredConfirmation
+	send := func(id string, body []byte) error {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, amqp.Publishing{
+			MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body})
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", id, err)
+		}
+		res.messages++
+		pending = append(pending, dc)
+		if len(pending) >= 500 {
+			return waitConfirms(ctx, &pending)
+		}
+		return nil
+	}
+	for i := 0; i < o.n; i++ {
+		account := fmt.Sprintf("A%d", i%o.accounts+1)
+		amount := int64(mrand.IntN(100) + 1)
+		body, _ := json.Marshal(map[string]any{"account": account, "amount": amount})
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		res.expected[account] += amount
+		if err := send(id, body); err != nil {
+			return res, err
+		}
+		if mrand.Float64() < o.dup {
+			if err := send(id, body); err != nil { // the producer retried
+				return res, err
+			}
+		}
+	}
+	if err := waitConfirms(ctx, &pending); err != nil {
+		return res, err
+	}
+	logger.Info("published", "deposits", o.n, "messages", res.messages, "duplicates", res.messages-o.n,
+		"queue", o.queue, "id_prefix", prefix, "took", time.Since(start).Round(time.Millisecond))
+	return res, nil
+}
+
+func waitConfirms(ctx context.Context, pending *[]*amqp.DeferredConfirmation) error {
+	for _, dc := range *pending {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("broker nacked a deposit")
+		}
+	}
+	*pending = (*pending)[:0]
+	return nil
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/migrate"
+)
+
+// deposit is the message body.
+type deposit struct {
+	Account string `json:"account"`
+	Amount  *int64 `json:"amount"`
+}
+
+// setup connects, migrates idem's tables into the schema and creates the
+// balances table.
+func setup(ctx context.Context, o options) (*pgxpool.Pool, idem.Tables, error) {
+	pool, err := pgxpool.New(ctx, o.pgURL)
+	if err != nil {
+		return nil, idem.Tables{}, fmt.Errorf("connect to postgres: %w", err)
+	}
+	tables := idem.Tables{Schema: o.schema}
+	if _, err := migrate.Up(ctx, pool, tables); err != nil {
+		pool.Close()
+		return nil, tables, err
+	}
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+balancesTable(tables)+` (
+		account text PRIMARY KEY,
+		balance bigint NOT NULL)`)
+	if err != nil {
+		pool.Close()
+		return nil, tables, fmt.Errorf("create balances: %w", err)
+	}
+	return pool, tables, nil
+}
+
+func balancesTable(t idem.Tables) string { return pgx.Identifier{t.Schema, "balances"}.Sanitize() }
+
+// newConsumer builds the deposit worker.
+func newConsumer(o options, pool *pgxpool.Pool, tables idem.Tables, logger *slog.Logger) (*consumer.Consumer, error) {
+	c, err := consumer.New(consumer.Config{
+		AMQPURL: o.amqpURL,
+		Name:    "quickstart",
+		Pool:    pool,
+		Queue:   o.queue,
+		Tables:  tables,
+		Logger:  logger,
+		// Deposits to one account go to one worker, in order. Without it,
+		// parallel batches that increment the same hot rows in different
+		// orders deadlock (the runtime retries them, but each deadlock costs
+		// PostgreSQL's deadlock_timeout).
+		OrderingKey: accountOf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	increment := `INSERT INTO ` + balancesTable(tables) + ` AS b (account, balance) VALUES ($1, $2)
+		ON CONFLICT (account) DO UPDATE SET balance = b.balance + EXCLUDED.balance`
+	c.Handle(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, d deposit) error {
+		if d.Account == "" || d.Amount == nil {
+			return consumer.DeadLetter("invalid_deposit", errors.New("account and amount are required"))
+		}
+		// A plain increment: applying it twice would double the deposit.
+		_, err := tx.Exec(ctx, increment, d.Account, *d.Amount)
+		return err
+	}))
+	return c, nil
+}
+
+// accountOf is the ordering key: the deposit's account.
+func accountOf(m *consumer.Message) string {
+	var d deposit
+	_ = json.Unmarshal(m.Body, &d) // an undecodable body is dead-lettered by the handler
+	return d.Account
+}
+
+// worker runs the consumer until ctx is cancelled, logging counts each second.
+func worker(ctx context.Context, o options, logger *slog.Logger) error {
+	pool, tables, err := setup(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := newConsumer(o, pool, tables, logger)
+	if err != nil {
+		return err
+	}
+	stopLog := logEverySecond(ctx, c, logger)
+	defer stopLog()
+	logger.Info("worker started", "queue", o.queue, "schema", o.schema)
+	err = c.Run(ctx)
+	logger.Info("worker stopped", "processed", c.Stats().Processed)
+	return err
+}
+
+// logEverySecond logs the consumer's counters once a second while they change.
+func logEverySecond(ctx context.Context, c *consumer.Consumer, logger *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var last consumer.Stats
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s := c.Stats()
+				if s != last {
+					logger.Info("progress", "processed", s.Processed, "duplicates", s.Duplicates,
+						"dead_lettered", s.DeadLettered, "conflicts", s.Conflicts, "retried", s.Retried, "batches", s.Batches)
+					last = s
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
