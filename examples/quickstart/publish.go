@@ -15,7 +15,7 @@ import (
 
 // published is what a publish run sent: the deposits it expects applied.
 type published struct {
-	messages int            // everything sent, copies included
+	messages int              // everything sent, copies included
 	expected map[string]int64 // account → sum of distinct deposits
 }
 
