@@ -1,0 +1,531 @@
+package idem
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// MaxJSONDepth is how deeply CanonicalJSON lets arrays and objects nest.
+// Deeper input is rejected, so hostile payloads cannot exhaust the stack.
+const MaxJSONDepth = 1000
+
+// maxExponentDigits bounds the significant digits of a number's exponent, so
+// that 1e99999999999999999999 is rejected instead of overflowing.
+const maxExponentDigits = 9
+
+// ErrInvalidJSON is returned (wrapped, with the offset and the reason) when
+// CanonicalJSON cannot canonicalise its input: a syntax error, invalid UTF-8,
+// an unpaired surrogate escape, a duplicate object key, nesting deeper than
+// MaxJSONDepth, or an exponent with more than 9 significant digits.
+var ErrInvalidJSON = errors.New("idem: invalid JSON")
+
+// HashJSON returns the SHA-256 of CanonicalJSON(b): two payloads that differ
+// only in key order, whitespace or the spelling of numbers hash the same.
+func HashJSON(b []byte) (Hash, error) {
+	c, err := CanonicalJSON(b)
+	if err != nil {
+		return Hash{}, err
+	}
+	return HashBytes(c), nil
+}
+
+// CanonicalJSON returns one fixed spelling of the JSON value in b, so that
+// documents which mean the same thing compare equal byte for byte:
+//
+//   - object keys are sorted by Unicode code point, and a repeated key is an
+//     error (parsers disagree on which value wins, so its meaning is unclear);
+//   - insignificant whitespace is removed;
+//   - numbers are written in the ECMAScript style that RFC 8785 uses
+//     (1.0, 1, 1e0 and 10e-1 all become 1; 1e21 becomes 1e+21), but exactly:
+//     the decimal value is kept digit for digit and never rounded to a float64,
+//     so two different large integers never collide; -0 becomes 0;
+//   - strings keep their content exactly; the output escapes only '"', '\\'
+//     and control characters (as \b \f \n \r \t or \u00xx) and writes every
+//     other character as UTF-8.
+//
+// It rejects invalid UTF-8 rather than repairing it, and bounds nesting at
+// MaxJSONDepth. Canonicalising the output again returns it unchanged.
+func CanonicalJSON(b []byte) ([]byte, error) {
+	if !utf8.Valid(b) {
+		i := 0
+		for i < len(b) {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n == 1 {
+				break
+			}
+			i += n
+		}
+		return nil, &jsonError{off: i, msg: "invalid UTF-8"}
+	}
+	p := jsonParser{in: b}
+	p.skipSpace()
+	v, err := p.value(0)
+	if err != nil {
+		return nil, err
+	}
+	p.skipSpace()
+	if p.pos != len(b) {
+		return nil, p.errorf("unexpected %q after the value", b[p.pos])
+	}
+	var out bytes.Buffer
+	out.Grow(len(b))
+	v.write(&out)
+	return out.Bytes(), nil
+}
+
+// jsonError locates a problem in the input; it matches ErrInvalidJSON.
+type jsonError struct {
+	off int
+	msg string
+}
+
+func (e *jsonError) Error() string {
+	return fmt.Sprintf("%v at offset %d: %s", ErrInvalidJSON, e.off, e.msg)
+}
+
+func (e *jsonError) Is(target error) bool { return target == ErrInvalidJSON }
+
+type jsonKind uint8
+
+const (
+	jsonLiteral jsonKind = iota // true, false, null, or a canonical number
+	jsonString
+	jsonArray
+	jsonObject
+)
+
+// jsonValue is the parsed document. Objects keep their members sorted.
+type jsonValue struct {
+	kind    jsonKind
+	text    string // literal or number text, or the decoded string
+	elems   []jsonValue
+	members []jsonMember
+}
+
+type jsonMember struct {
+	key   string
+	at    int // offset of the key in the input, for errors
+	value jsonValue
+}
+
+// sortMembers orders an object's members by key (byte order of UTF-8 is
+// code point order) and rejects a repeated key.
+func sortMembers(ms []jsonMember) error {
+	slices.SortFunc(ms, func(a, b jsonMember) int {
+		if c := strings.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return a.at - b.at
+	})
+	for i := 1; i < len(ms); i++ {
+		if ms[i].key == ms[i-1].key {
+			return &jsonError{off: ms[i].at, msg: fmt.Sprintf("duplicate key %q", ms[i].key)}
+		}
+	}
+	return nil
+}
+
+type jsonParser struct {
+	in  []byte
+	pos int
+}
+
+func (p *jsonParser) errorf(format string, args ...any) error {
+	return &jsonError{off: p.pos, msg: fmt.Sprintf(format, args...)}
+}
+
+func (p *jsonParser) skipSpace() {
+	for p.pos < len(p.in) {
+		switch p.in[p.pos] {
+		case ' ', '\t', '\n', '\r':
+			p.pos++
+		default:
+			return
+		}
+	}
+}
+
+// value parses one value at nesting depth; the caller skipped whitespace.
+func (p *jsonParser) value(depth int) (jsonValue, error) {
+	if p.pos >= len(p.in) {
+		return jsonValue{}, p.errorf("unexpected end of input")
+	}
+	switch c := p.in[p.pos]; {
+	case c == '{' || c == '[':
+		if depth >= MaxJSONDepth {
+			return jsonValue{}, p.errorf("nesting deeper than %d", MaxJSONDepth)
+		}
+		if c == '{' {
+			return p.object(depth + 1)
+		}
+		return p.array(depth + 1)
+	case c == '"':
+		s, err := p.string()
+		return jsonValue{kind: jsonString, text: s}, err
+	case c == '-' || ('0' <= c && c <= '9'):
+		n, err := p.number()
+		return jsonValue{kind: jsonLiteral, text: n}, err
+	default:
+		for _, lit := range []string{"true", "false", "null"} {
+			if bytes.HasPrefix(p.in[p.pos:], []byte(lit)) {
+				p.pos += len(lit)
+				return jsonValue{kind: jsonLiteral, text: lit}, nil
+			}
+		}
+		return jsonValue{}, p.errorf("unexpected %q", c)
+	}
+}
+
+func (p *jsonParser) array(depth int) (jsonValue, error) {
+	v := jsonValue{kind: jsonArray}
+	p.pos++ // [
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == ']' {
+		p.pos++
+		return v, nil
+	}
+	for {
+		p.skipSpace()
+		e, err := p.value(depth)
+		if err != nil {
+			return jsonValue{}, err
+		}
+		v.elems = append(v.elems, e)
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return jsonValue{}, p.errorf("unexpected end of input in array")
+		}
+		switch p.in[p.pos] {
+		case ',':
+			p.pos++
+		case ']':
+			p.pos++
+			return v, nil
+		default:
+			return jsonValue{}, p.errorf("want ',' or ']' in array, got %q", p.in[p.pos])
+		}
+	}
+}
+
+func (p *jsonParser) object(depth int) (jsonValue, error) {
+	v := jsonValue{kind: jsonObject}
+	p.pos++ // {
+	p.skipSpace()
+	if p.pos < len(p.in) && p.in[p.pos] == '}' {
+		p.pos++
+		return v, nil
+	}
+	for {
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != '"' {
+			return jsonValue{}, p.errorf("want a string key in object")
+		}
+		keyAt := p.pos
+		key, err := p.string()
+		if err != nil {
+			return jsonValue{}, err
+		}
+		p.skipSpace()
+		if p.pos >= len(p.in) || p.in[p.pos] != ':' {
+			return jsonValue{}, p.errorf("want ':' after object key")
+		}
+		p.pos++
+		p.skipSpace()
+		e, err := p.value(depth)
+		if err != nil {
+			return jsonValue{}, err
+		}
+		v.members = append(v.members, jsonMember{key: key, at: keyAt, value: e})
+		p.skipSpace()
+		if p.pos >= len(p.in) {
+			return jsonValue{}, p.errorf("unexpected end of input in object")
+		}
+		switch p.in[p.pos] {
+		case ',':
+			p.pos++
+		case '}':
+			p.pos++
+			return v, sortMembers(v.members)
+		default:
+			return jsonValue{}, p.errorf("want ',' or '}' in object, got %q", p.in[p.pos])
+		}
+	}
+}
+
+// string decodes the string starting at the opening quote. The input is
+// known to be valid UTF-8.
+func (p *jsonParser) string() (string, error) {
+	p.pos++ // opening quote
+	var sb strings.Builder
+	for {
+		start := p.pos
+		for p.pos < len(p.in) && p.in[p.pos] != '"' && p.in[p.pos] != '\\' && p.in[p.pos] >= 0x20 {
+			p.pos++
+		}
+		sb.Write(p.in[start:p.pos])
+		if p.pos >= len(p.in) {
+			return "", p.errorf("unterminated string")
+		}
+		switch c := p.in[p.pos]; c {
+		case '"':
+			p.pos++
+			return sb.String(), nil
+		case '\\':
+			r, err := p.escape()
+			if err != nil {
+				return "", err
+			}
+			sb.WriteRune(r)
+		default:
+			return "", p.errorf("control character %#02x in string", c)
+		}
+	}
+}
+
+// escape decodes the escape sequence at the backslash, joining a UTF-16
+// surrogate pair into one rune and rejecting an unpaired surrogate.
+func (p *jsonParser) escape() (rune, error) {
+	if p.pos+1 >= len(p.in) {
+		return 0, p.errorf("unterminated escape")
+	}
+	c := p.in[p.pos+1]
+	if c != 'u' {
+		var r rune
+		switch c {
+		case '"', '\\', '/':
+			r = rune(c)
+		case 'b':
+			r = '\b'
+		case 'f':
+			r = '\f'
+		case 'n':
+			r = '\n'
+		case 'r':
+			r = '\r'
+		case 't':
+			r = '\t'
+		default:
+			return 0, p.errorf("invalid escape \\%c", c)
+		}
+		p.pos += 2
+		return r, nil
+	}
+	r, err := p.hex4()
+	if err != nil {
+		return 0, err
+	}
+	if !utf16.IsSurrogate(r) {
+		return r, nil
+	}
+	if r < 0xdc00 && p.pos+1 < len(p.in) && p.in[p.pos] == '\\' && p.in[p.pos+1] == 'u' {
+		at := p.pos
+		lo, err := p.hex4()
+		if err != nil {
+			return 0, err
+		}
+		if pair := utf16.DecodeRune(r, lo); pair != utf8.RuneError {
+			return pair, nil
+		}
+		p.pos = at
+	}
+	return 0, p.errorf("unpaired surrogate \\u%04x", r)
+}
+
+// hex4 decodes \uXXXX at p.pos.
+func (p *jsonParser) hex4() (rune, error) {
+	if p.pos+6 > len(p.in) {
+		return 0, p.errorf("short \\u escape")
+	}
+	var r rune
+	for _, c := range p.in[p.pos+2 : p.pos+6] {
+		r <<= 4
+		switch {
+		case '0' <= c && c <= '9':
+			r |= rune(c - '0')
+		case 'a' <= c && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case 'A' <= c && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, p.errorf("invalid \\u escape")
+		}
+	}
+	p.pos += 6
+	return r, nil
+}
+
+// number parses a JSON number and returns its canonical spelling.
+func (p *jsonParser) number() (string, error) {
+	neg := false
+	if p.in[p.pos] == '-' {
+		neg = true
+		p.pos++
+	}
+	intStart := p.pos
+	switch {
+	case p.pos < len(p.in) && p.in[p.pos] == '0':
+		p.pos++
+	case p.pos < len(p.in) && '1' <= p.in[p.pos] && p.in[p.pos] <= '9':
+		p.skipDigits()
+	default:
+		return "", p.errorf("want a digit in number")
+	}
+	intPart := p.in[intStart:p.pos]
+	var frac []byte
+	if p.pos < len(p.in) && p.in[p.pos] == '.' {
+		p.pos++
+		start := p.pos
+		if p.skipDigits() == 0 {
+			return "", p.errorf("want a digit after '.' in number")
+		}
+		frac = p.in[start:p.pos]
+	}
+	exp := int64(0)
+	if p.pos < len(p.in) && (p.in[p.pos] == 'e' || p.in[p.pos] == 'E') {
+		p.pos++
+		expNeg := false
+		if p.pos < len(p.in) && (p.in[p.pos] == '+' || p.in[p.pos] == '-') {
+			expNeg = p.in[p.pos] == '-'
+			p.pos++
+		}
+		start := p.pos
+		if p.skipDigits() == 0 {
+			return "", p.errorf("want a digit in exponent")
+		}
+		digits := bytes.TrimLeft(p.in[start:p.pos], "0")
+		if len(digits) > maxExponentDigits {
+			return "", p.errorf("exponent has more than %d digits", maxExponentDigits)
+		}
+		if len(digits) > 0 {
+			exp, _ = strconv.ParseInt(string(digits), 10, 64) // at most 9 digits: cannot fail
+		}
+		if expNeg {
+			exp = -exp
+		}
+	}
+	return formatDecimal(neg, intPart, frac, exp), nil
+}
+
+func (p *jsonParser) skipDigits() int {
+	start := p.pos
+	for p.pos < len(p.in) && '0' <= p.in[p.pos] && p.in[p.pos] <= '9' {
+		p.pos++
+	}
+	return p.pos - start
+}
+
+// formatDecimal writes the exact value (-1)^neg × intPart.frac × 10^exp the
+// way ECMAScript's Number::toString lays out digits.
+func formatDecimal(neg bool, intPart, frac []byte, exp int64) string {
+	digits := make([]byte, 0, len(intPart)+len(frac))
+	digits = append(digits, intPart...)
+	digits = append(digits, frac...)
+	// value = 0.digits × 10^point, before trimming.
+	point := int64(len(intPart)) + exp
+	lead := len(digits) - len(bytes.TrimLeft(digits, "0"))
+	digits = bytes.TrimRight(digits[lead:], "0")
+	if len(digits) == 0 {
+		return "0"
+	}
+	point -= int64(lead)
+	k := int64(len(digits))
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	switch {
+	case k <= point && point <= 21:
+		b.Write(digits)
+		b.WriteString(strings.Repeat("0", int(point-k)))
+	case 0 < point && point <= 21:
+		b.Write(digits[:point])
+		b.WriteByte('.')
+		b.Write(digits[point:])
+	case -6 < point && point <= 0:
+		b.WriteString("0.")
+		b.WriteString(strings.Repeat("0", int(-point)))
+		b.Write(digits)
+	default:
+		b.WriteByte(digits[0])
+		if k > 1 {
+			b.WriteByte('.')
+			b.Write(digits[1:])
+		}
+		b.WriteByte('e')
+		if point-1 >= 0 {
+			b.WriteByte('+')
+		}
+		b.WriteString(strconv.FormatInt(point-1, 10))
+	}
+	return b.String()
+}
+
+func (v *jsonValue) write(out *bytes.Buffer) {
+	switch v.kind {
+	case jsonLiteral:
+		out.WriteString(v.text)
+	case jsonString:
+		writeJSONString(out, v.text)
+	case jsonArray:
+		out.WriteByte('[')
+		for i := range v.elems {
+			if i > 0 {
+				out.WriteByte(',')
+			}
+			v.elems[i].write(out)
+		}
+		out.WriteByte(']')
+	case jsonObject:
+		out.WriteByte('{')
+		for i := range v.members {
+			if i > 0 {
+				out.WriteByte(',')
+			}
+			writeJSONString(out, v.members[i].key)
+			out.WriteByte(':')
+			v.members[i].value.write(out)
+		}
+		out.WriteByte('}')
+	}
+}
+
+func writeJSONString(out *bytes.Buffer, s string) {
+	const hex = "0123456789abcdef"
+	out.WriteByte('"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		out.WriteString(s[start:i])
+		switch c {
+		case '"', '\\':
+			out.WriteByte('\\')
+			out.WriteByte(c)
+		case '\b':
+			out.WriteString(`\b`)
+		case '\f':
+			out.WriteString(`\f`)
+		case '\n':
+			out.WriteString(`\n`)
+		case '\r':
+			out.WriteString(`\r`)
+		case '\t':
+			out.WriteString(`\t`)
+		default:
+			out.WriteString(`\u00`)
+			out.WriteByte(hex[c>>4])
+			out.WriteByte(hex[c&0xf])
+		}
+		start = i + 1
+	}
+	out.WriteString(s[start:])
+	out.WriteByte('"')
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/inbox"
+)
+
+func init() {
+	register(command{name: "inbox", summary: "show an inbox row, per-consumer stats, or clean up expired rows", run: runInbox})
+}
+
+const inboxUsage = `usage:
+  idem inbox show --consumer C --id ID     print one row (exit 1 when absent)
+  idem inbox stats                         rows, oldest and newest per consumer
+  idem inbox cleanup --older-than 168h [--consumer C] [--chunk-size N]`
+
+func runInbox(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(e.stderr, inboxUsage)
+		return fmt.Errorf("%w: want a subcommand: show, stats or cleanup", errUsage)
+	}
+	switch args[0] {
+	case "show":
+		return inboxShow(ctx, e, args[1:])
+	case "stats":
+		return inboxStats(ctx, e, args[1:])
+	case "cleanup":
+		return inboxCleanup(ctx, e, args[1:])
+	}
+	fmt.Fprintln(e.stderr, inboxUsage)
+	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+}
+
+// openInbox builds the Inbox for e's tables and connects; the caller closes
+// the pool.
+func openInbox(ctx context.Context, e *env) (*inbox.Inbox, *pgxpool.Pool, error) {
+	ib, err := inbox.New(inbox.Config{Tables: e.tables})
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := e.pool(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ib, pool, nil
+}
+
+func inboxShow(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("inbox show")
+	consumer := fs.String("consumer", "", "consumer name (required)")
+	id := fs.String("id", "", "message id (required)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *consumer == "" || *id == "" || fs.NArg() > 0 {
+		return fmt.Errorf("%w: want --consumer C --id ID and no arguments", errUsage)
+	}
+	ib, pool, err := openInbox(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r, err := ib.Lookup(ctx, pool, *consumer, *id)
+	if errors.Is(err, inbox.ErrNotFound) {
+		return fmt.Errorf("consumer %q, message id %q: not found", *consumer, *id)
+	}
+	if err != nil {
+		return err
+	}
+	offset := "-"
+	if r.StreamOffset != nil {
+		offset = strconv.FormatInt(*r.StreamOffset, 10)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	for _, kv := range [][2]string{
+		{"consumer", r.Consumer},
+		{"message_id", r.MessageID},
+		{"payload_hash", r.PayloadHash.String()},
+		{"business_key", orDash(r.BusinessKey)},
+		{"source", orDash(r.Source)},
+		{"stream_offset", offset},
+		{"received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano)},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
+	}
+	return tw.Flush()
+}
+
+func inboxStats(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("inbox stats")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: stats takes no arguments", errUsage)
+	}
+	ib, pool, err := openInbox(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	stats, err := ib.Stats(ctx, pool)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tROWS\tOLDEST\tNEWEST")
+	for _, s := range stats {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Consumer, s.Rows,
+			s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func inboxCleanup(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("inbox cleanup")
+	var opts inbox.CleanupOptions
+	fs.DurationVar(&opts.OlderThan, "older-than", 0,
+		"delete rows received longer ago than this (required; at least 72h; longer than any redelivery or replay horizon)")
+	fs.StringVar(&opts.Consumer, "consumer", "", "only this consumer's rows (default: all consumers)")
+	fs.IntVar(&opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, "rows per DELETE, each its own transaction")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if opts.OlderThan == 0 || fs.NArg() > 0 {
+		return fmt.Errorf("%w: want --older-than DURATION (e.g. 168h) and no arguments", errUsage)
+	}
+	ib, pool, err := openInbox(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := ib.Cleanup(ctx, pool, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,266 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// maxClaimAttempts bounds how often a claim is retried when the row it
+// conflicted with is deleted (by Unclaim or Cleanup in another transaction)
+// before this transaction could read it.
+const maxClaimAttempts = 3
+
+// claimSQL claims one message in one round trip. The outer SELECT reads the
+// statement's snapshot, so it sees rows committed before the statement began
+// but not the row of a concurrent claim the INSERT waited for; Claim then
+// reads the stored hash with a second statement.
+const claimSQL = `WITH ins AS (
+	INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
+	VALUES ($1, $2, $3, NULLIF($4::text, ''), $5, $6)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING payload_hash
+)
+SELECT true, payload_hash FROM ins
+UNION ALL
+SELECT false, payload_hash FROM %[1]s
+WHERE consumer = $1 AND message_id = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+const storedHashSQL = `SELECT payload_hash FROM %[1]s WHERE consumer = $1 AND message_id = $2`
+
+// claimBatchSQL inserts many claims in one statement and returns the keys it
+// inserted; the others were claimed already.
+const claimBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
+SELECT c, m, h, NULLIF(k, ''), s, o
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[]) AS u(c, m, h, k, s, o)
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING consumer, message_id`
+
+const storedHashesSQL = `SELECT t.consumer, t.message_id, t.payload_hash
+FROM %[1]s AS t
+JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message_id = u.m`
+
+// unclaimSQL deletes a row only if this transaction inserted it (at its top
+// level): xmin is the inserting transaction, pg_current_xact_id() is ours.
+const unclaimSQL = `DELETE FROM %[1]s
+WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
+
+// statements holds the SQL of an Inbox with its table name filled in.
+type statements struct {
+	claim, storedHash, claimBatch, storedHashes, unclaim string
+	lookup, stats, cutoff, cleanup, cleanupConsumer      string
+}
+
+func newStatements(table string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table) }
+	return statements{
+		claim:           f(claimSQL),
+		storedHash:      f(storedHashSQL),
+		claimBatch:      f(claimBatchSQL),
+		storedHashes:    f(storedHashesSQL),
+		unclaim:         f(unclaimSQL),
+		lookup:          f(lookupSQL),
+		stats:           f(statsSQL),
+		cutoff:          cutoffSQL,
+		cleanup:         f(cleanupSQL),
+		cleanupConsumer: f(cleanupConsumerSQL),
+	}
+}
+
+// Claim claims c.MessageID for c.Consumer inside tx and returns the decision.
+// The row commits or rolls back with tx. A concurrent claim of the same id
+// waits until the other transaction ends, then returns Duplicate or Conflict
+// if it committed, NewMessage if it rolled back.
+//
+// Invalid input returns a *ValidationError before anything is sent.
+func (ib *Inbox) Claim(ctx context.Context, tx pgx.Tx, c Claim) (Result, error) {
+	if err := ib.validate(0, &c); err != nil {
+		return Result{}, err
+	}
+	for attempt := 1; ; attempt++ {
+		var inserted bool
+		var stored []byte
+		err := tx.QueryRow(ctx, ib.sql.claim, c.Consumer, c.MessageID, c.PayloadHash[:],
+			c.BusinessKey, c.Source, c.StreamOffset).Scan(&inserted, &stored)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// The INSERT waited for a concurrent claim that then committed:
+			// a new statement has a snapshot that sees its row.
+			err = tx.QueryRow(ctx, ib.sql.storedHash, c.Consumer, c.MessageID).Scan(&stored)
+		}
+		if errors.Is(err, pgx.ErrNoRows) && attempt < maxClaimAttempts {
+			continue // the row was deleted in between; claim again
+		}
+		if err != nil {
+			return Result{}, fmt.Errorf("inbox: claim %q: %w", c.MessageID, err)
+		}
+		h, err := idem.HashFromBytes(stored)
+		if err != nil {
+			return Result{}, fmt.Errorf("inbox: claim %q: stored hash: %w", c.MessageID, err)
+		}
+		if inserted {
+			return Result{Decision: NewMessage, StoredHash: h}, nil
+		}
+		return decide(c.PayloadHash, h), nil
+	}
+}
+
+type claimKey struct{ consumer, messageID string }
+
+// ClaimBatch claims every message in claims inside tx, with the decisions
+// Claim would return for them one after another: a first occurrence of an id
+// decides against the table, a repeated id in the batch against the first
+// occurrence (Duplicate for the same hash, Conflict otherwise). Results are
+// in the order of claims.
+//
+// It sends one INSERT … SELECT FROM unnest(…) for all claims and, only if
+// some were claimed already, one SELECT for their stored hashes. Every claim
+// is validated before anything is sent; the first invalid one is returned as
+// a *ValidationError with its Index.
+//
+// Rows are inserted in (consumer, message id) order, so two batches that
+// overlap wait for each other instead of deadlocking.
+func (ib *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Result, error) {
+	for i := range claims {
+		if err := ib.validate(i, &claims[i]); err != nil {
+			return nil, err
+		}
+	}
+	results := make([]Result, len(claims))
+	first := make(map[claimKey]int, len(claims))
+	var pending []int // indexes of first occurrences
+	for i, c := range claims {
+		k := claimKey{c.Consumer, c.MessageID}
+		if _, ok := first[k]; !ok {
+			first[k] = i
+			pending = append(pending, i)
+		}
+	}
+	slices.SortFunc(pending, func(a, b int) int {
+		return cmp.Or(cmp.Compare(claims[a].Consumer, claims[b].Consumer), cmp.Compare(claims[a].MessageID, claims[b].MessageID))
+	})
+	for attempt := 1; len(pending) > 0; attempt++ {
+		if attempt > maxClaimAttempts {
+			return nil, fmt.Errorf("inbox: claim batch: %d rows were deleted concurrently %d times in a row", len(pending), maxClaimAttempts)
+		}
+		inserted, err := ib.insertBatch(ctx, tx, claims, pending)
+		if err != nil {
+			return nil, err
+		}
+		var existing []int
+		for _, i := range pending {
+			if inserted[claimKey{claims[i].Consumer, claims[i].MessageID}] {
+				results[i] = Result{Decision: NewMessage, StoredHash: claims[i].PayloadHash}
+			} else {
+				existing = append(existing, i)
+			}
+		}
+		if len(existing) == 0 {
+			break
+		}
+		stored, err := ib.storedHashes(ctx, tx, claims, existing)
+		if err != nil {
+			return nil, err
+		}
+		pending = pending[:0]
+		for _, i := range existing {
+			h, ok := stored[claimKey{claims[i].Consumer, claims[i].MessageID}]
+			if !ok {
+				pending = append(pending, i) // deleted in between; claim again
+				continue
+			}
+			results[i] = decide(claims[i].PayloadHash, h)
+		}
+	}
+	for i, c := range claims {
+		if f := first[claimKey{c.Consumer, c.MessageID}]; f != i {
+			results[i] = decide(c.PayloadHash, results[f].StoredHash)
+		}
+	}
+	return results, nil
+}
+
+// insertBatch inserts claims[idx] and returns the keys it inserted.
+func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]bool, error) {
+	consumers := make([]string, len(idx))
+	ids := make([]string, len(idx))
+	hashes := make([][]byte, len(idx))
+	keys := make([]string, len(idx))
+	sources := make([]string, len(idx))
+	offsets := make([]*int64, len(idx))
+	for j, i := range idx {
+		c := &claims[i]
+		consumers[j], ids[j], hashes[j] = c.Consumer, c.MessageID, c.PayloadHash[:]
+		keys[j], sources[j], offsets[j] = c.BusinessKey, c.Source, c.StreamOffset
+	}
+	rows, err := tx.Query(ctx, ib.sql.claimBatch, consumers, ids, hashes, keys, sources, offsets)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
+	}
+	inserted := make(map[claimKey]bool, len(idx))
+	var k claimKey
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID}, func() error {
+		inserted[k] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
+	}
+	return inserted, nil
+}
+
+// storedHashes reads the stored hashes of claims[idx].
+func (ib *Inbox) storedHashes(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]idem.Hash, error) {
+	consumers := make([]string, len(idx))
+	ids := make([]string, len(idx))
+	for j, i := range idx {
+		consumers[j], ids[j] = claims[i].Consumer, claims[i].MessageID
+	}
+	rows, err := tx.Query(ctx, ib.sql.storedHashes, consumers, ids)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch: read %d stored hashes: %w", len(idx), err)
+	}
+	stored := make(map[claimKey]idem.Hash, len(idx))
+	var k claimKey
+	var raw []byte
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID, &raw}, func() error {
+		h, err := idem.HashFromBytes(raw)
+		if err != nil {
+			return fmt.Errorf("message %q: %w", k.messageID, err)
+		}
+		stored[k] = h
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch: read %d stored hashes: %w", len(idx), err)
+	}
+	return stored, nil
+}
+
+// Unclaim deletes the row that this transaction claimed for messageID, so
+// that a message whose handler failed is not recorded as processed when tx
+// commits. The consumer runtime calls it after ROLLBACK TO SAVEPOINT when the
+// claim was made before the savepoint (as ClaimBatch is).
+//
+// It deletes only a row inserted by tx itself at its top level, never one
+// committed by an earlier transaction; otherwise it returns ErrNotClaimed. A
+// claim made inside a savepoint needs no Unclaim: rolling back to that
+// savepoint removes it.
+func (ib *Inbox) Unclaim(ctx context.Context, tx pgx.Tx, consumer, messageID string) error {
+	if err := ib.validateKey(0, consumer, messageID); err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, ib.sql.unclaim, consumer, messageID)
+	if err != nil {
+		return fmt.Errorf("inbox: unclaim %q: %w", messageID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("inbox: unclaim %q for consumer %q: %w", messageID, consumer, ErrNotClaimed)
+	}
+	return nil
+}
