@@ -225,17 +225,20 @@ loop:
 			}
 		}
 	}
-	// On shutdown the consumer is deliberately not cancelled with
-	// basic.cancel: RabbitMQ 3.10 quorum queues ignore acks that arrive after
-	// the cancel, which would send committed messages back to the queue.
-	// Deliveries are simply no longer routed; what is buffered stays unacked
-	// and returns to the queue when the channel closes after the in-flight
-	// batches have been acked.
 	if ctx.Err() == nil || reason != nil {
 		s.kill()
 	}
 	close(stop)
 	wg.Wait()
+	if s.alive() {
+		// Shutdown: the in-flight batches are acked; now cancel the
+		// consumer, synchronously. The order matters on RabbitMQ 3.10 quorum
+		// queues: acks that arrive after basic.cancel are ignored, and acks
+		// still pending in the channel when the connection closes are lost,
+		// while a cancel-ok confirms the acks before it. What is still
+		// buffered stays unacked and returns to the queue on close.
+		_ = s.ch.Cancel(tag, false)
+	}
 	return reason
 }
 

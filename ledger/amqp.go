@@ -1,0 +1,284 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Publishing is the request of an effect that AMQPExecutor publishes: record
+// it as Effect.Request.
+type Publishing struct {
+	// Exchange is where the message goes; "" is the default exchange.
+	Exchange string `json:"exchange"`
+	// RoutingKey routes the message (the queue name on the default exchange).
+	RoutingKey string `json:"routing_key"`
+	// ContentType is the message's content type. Default: application/json.
+	ContentType string `json:"content_type,omitempty"`
+	// Headers are added to the message's headers.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is the message body.
+	Body []byte `json:"body"`
+}
+
+// AMQPConfig configures an AMQPExecutor.
+type AMQPConfig struct {
+	// Dial opens the connection. Default: amqp.DialConfig with a 10 second
+	// dial timeout.
+	Dial func(url string) (*amqp.Connection, error)
+	// Logger receives reconnection logs. Default: slog.Default().
+	Logger *slog.Logger
+	// URL is the broker's AMQP URL. Required.
+	URL string
+}
+
+// AMQPExecutor publishes effects whose Request is a Publishing: the
+// transactional outbox. Each message is persistent, published with the
+// mandatory flag on a channel in confirm mode, and carries the effect id as
+// its message id, on which idem consumers downstream deduplicate.
+//
+// A confirm (ack) means succeeded; a nack or a returned (unroutable) message
+// means failed_retryable; a confirm that never arrives means unknown. Because
+// the message id is stable, AMQPExecutor declares itself deduplicating: an
+// unknown publish is published again with the same message id, and a
+// consumer that dedups on it processes it once.
+//
+// The executor owns its connection and channel: it dials on first use and
+// again after the connection or channel closes. Close it when done.
+type AMQPExecutor struct {
+	cfg AMQPConfig
+	log *slog.Logger
+
+	mu     sync.Mutex // guards sess and closed
+	sess   *amqpSession
+	closed bool
+}
+
+// NewAMQPExecutor returns an executor for cfg. It connects on first use.
+func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("ledger: AMQPConfig.URL is required")
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = func(url string) (*amqp.Connection, error) {
+			return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &AMQPExecutor{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// DeduplicatesByKey returns true: the message id is the effect id, and idem
+// consumers deduplicate on it.
+func (e *AMQPExecutor) DeduplicatesByKey() bool { return true }
+
+// Close closes the connection. Publishes in progress end as unknown.
+func (e *AMQPExecutor) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	if e.sess == nil {
+		return nil
+	}
+	err := e.sess.conn.Close()
+	e.sess = nil
+	if errors.Is(err, amqp.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// Execute publishes call's Publishing and waits for the broker's confirm.
+func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
+	var p Publishing
+	if err := json.Unmarshal(call.Request, &p); err != nil {
+		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: amqp %s: request is not a Publishing: %w", call.EffectID, err)
+	}
+	s, err := e.session()
+	if err != nil {
+		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: connect: %w", call.EffectID, err)
+	}
+	headers := amqp.Table{}
+	for k, v := range p.Headers {
+		headers[k] = v
+	}
+	if p.ContentType == "" {
+		p.ContentType = "application/json"
+	}
+	msg := amqp.Publishing{
+		MessageId:    call.EffectID,
+		Type:         call.Type,
+		ContentType:  p.ContentType,
+		DeliveryMode: amqp.Persistent,
+		Timestamp:    time.Now(),
+		Headers:      headers,
+		Body:         p.Body,
+	}
+	wait, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
+	if err != nil {
+		// Publish failed in the client: nothing was sent.
+		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
+	}
+	select {
+	case c := <-wait:
+		switch {
+		case c.lost:
+			return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
+		case c.returned != "":
+			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: returned unroutable: %s", call.EffectID, c.returned)
+		case !c.ack:
+			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
+		}
+		return Result{Status: StatusSucceeded}, nil
+	case <-ctx.Done():
+		return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: no confirm: %w", call.EffectID, ctx.Err())
+	}
+}
+
+// session returns the open session, dialling a new one if there is none.
+func (e *AMQPExecutor) session() (*amqpSession, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errors.New("executor is closed")
+	}
+	if e.sess != nil && !e.sess.dead() {
+		return e.sess, nil
+	}
+	if e.sess != nil {
+		_ = e.sess.conn.Close()
+		e.log.Info("ledger: amqp connection lost, reconnecting")
+	}
+	s, err := dialSession(e.cfg)
+	if err != nil {
+		e.sess = nil
+		return nil, err
+	}
+	e.sess = s
+	return s, nil
+}
+
+// confirmation is how one publish ended.
+type confirmation struct {
+	ack      bool
+	returned string // the broker's reply text when it returned the message
+	lost     bool   // the channel closed before the confirm
+}
+
+type pendingPublish struct {
+	messageID string
+	returned  string
+	done      chan confirmation // buffered 1
+}
+
+// amqpSession is a connection with one confirm-mode channel and the
+// goroutine that matches returns and confirms to publishes.
+type amqpSession struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	mu      sync.Mutex // serialises publishes with their sequence numbers
+	pending map[uint64]*pendingPublish
+	gone    chan struct{} // closed when the channel is gone
+}
+
+func dialSession(cfg AMQPConfig) (*amqpSession, error) {
+	conn, err := cfg.Dial(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	s := &amqpSession{conn: conn, ch: ch, pending: map[uint64]*pendingPublish{}, gone: make(chan struct{})}
+	// Unbuffered on purpose: the broker sends basic.return before the ack
+	// of the same message, and the client hands them over in that order, so
+	// one goroutine reading both sees the return first.
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
+	go s.match(returns, confirms)
+	return s, nil
+}
+
+// match routes returns and confirms to their publishes until the channel
+// closes, then fails every publish still waiting as lost.
+func (s *amqpSession) match(returns <-chan amqp.Return, confirms <-chan amqp.Confirmation) {
+	defer func() {
+		s.mu.Lock()
+		for tag, p := range s.pending {
+			p.done <- confirmation{lost: true}
+			delete(s.pending, tag)
+		}
+		close(s.gone)
+		s.mu.Unlock()
+	}()
+	for {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			s.mu.Lock()
+			for _, p := range s.pending {
+				if p.messageID == r.MessageId && p.returned == "" {
+					p.returned = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
+					break
+				}
+			}
+			s.mu.Unlock()
+		case c, ok := <-confirms:
+			if !ok {
+				return
+			}
+			s.mu.Lock()
+			if p := s.pending[c.DeliveryTag]; p != nil {
+				delete(s.pending, c.DeliveryTag)
+				p.done <- confirmation{ack: c.Ack, returned: p.returned}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *amqpSession) dead() bool {
+	select {
+	case <-s.gone:
+		return true
+	default:
+		return s.ch.IsClosed()
+	}
+}
+
+// publish sends msg and returns the channel its confirmation arrives on.
+func (s *amqpSession) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (<-chan confirmation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.gone:
+		return nil, amqp.ErrClosed
+	default:
+	}
+	tag := s.ch.GetNextPublishSeqNo()
+	p := &pendingPublish{messageID: msg.MessageId, done: make(chan confirmation, 1)}
+	s.pending[tag] = p
+	if err := s.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
+		delete(s.pending, tag)
+		return nil, err
+	}
+	return p.done, nil
+}

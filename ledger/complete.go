@@ -1,0 +1,320 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// outcome is the status one call leaves an effect in, waiting to be written.
+type outcome struct {
+	id, owner, typ string
+	status         Status
+	delay          time.Duration // next_attempt_at = now() + delay
+	lastError      string
+	responseHash   []byte
+	response       []byte
+}
+
+// claimSQL takes up to $2 due effects of the types $1 for owner $3, with a
+// lease of $4 milliseconds, in one autocommitted statement.
+const claimSQL = `WITH due AS (
+	SELECT effect_id AS due_id FROM {ledger}
+	WHERE status IN ('pending', 'failed_retryable') AND next_attempt_at <= now()
+		AND effect_type = ANY($1::text[])
+	ORDER BY next_attempt_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE {ledger} SET status = 'in_flight', lock_owner = $3,
+	locked_until = now() + $4 * interval '1 millisecond', attempt_count = attempt_count + 1
+FROM due WHERE effect_id = due.due_id
+RETURNING {columns}`
+
+// claimUnknownSQL takes unknown effects due for a lookup; a lookup is not an
+// attempt.
+const claimUnknownSQL = `WITH due AS (
+	SELECT effect_id AS due_id FROM {ledger}
+	WHERE status = 'unknown' AND next_attempt_at <= now() AND effect_type = ANY($1::text[])
+	ORDER BY next_attempt_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE {ledger} SET status = 'in_flight', lock_owner = $3,
+	locked_until = now() + $4 * interval '1 millisecond'
+FROM due WHERE effect_id = due.due_id
+RETURNING {columns}`
+
+// completeSQL writes a batch of outcomes. Each row is guarded by its claim's
+// owner token: a claim that was swept and claimed again, or resolved by an
+// operator, no longer matches and is left alone. An unknown effect keeps its
+// owner token, so a late outcome of the same claim may still settle it.
+const completeSQL = `UPDATE {ledger} AS l SET
+	status = u.status,
+	next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
+	locked_until = NULL,
+	lock_owner = CASE WHEN u.status = 'unknown' THEN l.lock_owner END,
+	last_error = u.last_error,
+	response_hash = u.response_hash,
+	response = u.response,
+	completed_at = CASE WHEN u.status IN ('succeeded', 'failed_terminal') THEN now() END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[])
+	AS u(effect_id, lock_owner, status, delay_ms, last_error, response_hash, response)
+WHERE l.effect_id = u.effect_id AND l.lock_owner = u.lock_owner
+	AND l.status IN ('in_flight', 'unknown')
+RETURNING l.effect_id`
+
+// sweepSQL settles effects of the types $1 whose lease ended while in
+// flight: due again with the same key when the executor deduplicates ($2)
+// and attempts remain ($3), unknown otherwise.
+const sweepSQL = `WITH expired AS (
+	SELECT effect_id AS expired_id,
+		effect_type = ANY($2::text[]) AND attempt_count < $3 AS retry
+	FROM {ledger}
+	WHERE status = 'in_flight' AND locked_until < now() AND effect_type = ANY($1::text[])
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE {ledger} SET
+	status = CASE WHEN expired.retry THEN 'failed_retryable' ELSE 'unknown' END,
+	lock_owner = CASE WHEN expired.retry THEN NULL ELSE lock_owner END,
+	locked_until = NULL,
+	next_attempt_at = now(),
+	last_error = 'lease expired while in flight'
+FROM expired WHERE effect_id = expired.expired_id
+RETURNING effect_type, status`
+
+// gaugesSQL reads what the gauges report: unknown effects, and how long the
+// oldest due effect has waited.
+const gaugesSQL = `SELECT
+	(SELECT count(*) FROM {ledger} WHERE status = 'unknown'),
+	(SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at)), 0)::float8 FROM {ledger}
+		WHERE status IN ('pending', 'failed_retryable') AND next_attempt_at <= now())`
+
+// completeLoop writes outcomes in batches until finish is closed and every
+// buffered outcome is written.
+func (d *Dispatcher) completeLoop(r *run, finish <-chan struct{}) {
+	const maxBatch = 1000
+	batch := make([]outcome, 0, 64)
+	for {
+		done := false
+		select {
+		case o := <-r.outcomes:
+			batch = append(batch, o)
+		case <-finish:
+			done = true
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case o := <-r.outcomes:
+				batch = append(batch, o)
+			default:
+				break drain
+			}
+		}
+		if len(batch) > 0 {
+			d.writeOutcomes(r.detached, batch)
+			batch = batch[:0]
+		}
+		if done && len(r.outcomes) == 0 {
+			return
+		}
+	}
+}
+
+// writeOutcomes writes a batch, retrying a few times. If the database stays
+// unreachable the effects keep their leases, and the sweep settles them.
+func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []outcome) {
+	n := len(batch)
+	ids, owners, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	delays, hashes, responses := make([]int64, n), make([][]byte, n), make([][]byte, n)
+	for i, o := range batch {
+		ids[i], owners[i], statuses[i], errs[i] = o.id, o.owner, string(o.status), o.lastError
+		delays[i], hashes[i], responses[i] = o.delay.Milliseconds(), o.responseHash, o.response
+	}
+	var (
+		written map[string]bool
+		err     error
+	)
+	for try := range 4 {
+		if try > 0 {
+			time.Sleep(time.Duration(100<<try) * time.Millisecond)
+		}
+		written, err = d.complete(ctx, ids, owners, statuses, delays, errs, hashes, responses)
+		if err == nil {
+			break
+		}
+		d.log.Warn("ledger: write outcomes", "effects", n, "try", try+1, "error", err)
+	}
+	if err != nil {
+		d.log.Error("ledger: outcomes not written; their leases will expire and the sweep settles them",
+			"effects", n, "error", err)
+		return
+	}
+	for _, o := range batch {
+		if written[o.id] {
+			d.metrics.transition(ctx, o.typ, o.status, 1)
+			continue
+		}
+		d.metrics.refused.Add(ctx, 1, metric.WithAttributes(typeAttr(o.typ)))
+		d.log.Warn("ledger: outcome refused, the claim is no longer held (lease expired; another claim or an operator owns the effect)",
+			"effect_id", o.id, "effect_type", o.typ, "status", string(o.status))
+	}
+}
+
+// complete runs completeSQL and returns the ids it updated.
+func (d *Dispatcher) complete(ctx context.Context, ids, owners, statuses []string, delays []int64,
+	errs []string, hashes, responses [][]byte) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	rows, err := d.cfg.Pool.Query(ctx, d.sql.complete, ids, owners, statuses, delays, errs, hashes, responses)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: complete: %w", err)
+	}
+	defer rows.Close()
+	written := make(map[string]bool, len(ids))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("ledger: complete: %w", err)
+		}
+		written[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: complete: %w", err)
+	}
+	return written, nil
+}
+
+// sweepLoop settles expired leases, looks up unknown effects whose executor
+// can reconcile them and refreshes the gauges, every PollInterval.
+func (d *Dispatcher) sweepLoop(r *run) {
+	t := time.NewTicker(d.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		if err := d.sweep(r.ctx); err != nil && r.ctx.Err() == nil {
+			d.log.Error("ledger: sweep expired leases", "error", err)
+		}
+		if len(d.reconcile) > 0 {
+			if err := d.lookupUnknown(r); err != nil && r.ctx.Err() == nil {
+				d.log.Error("ledger: claim unknown effects for lookup", "error", err)
+			}
+		}
+		if err := d.refreshGauges(r.ctx); err != nil && r.ctx.Err() == nil {
+			d.log.Warn("ledger: refresh gauges", "error", err)
+		}
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Dispatcher) sweep(ctx context.Context) error {
+	rows, err := d.cfg.Pool.Query(ctx, d.sql.sweep, d.types, d.dedup, d.cfg.MaxAttempts)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var typ, status string
+		if err := rows.Scan(&typ, &status); err != nil {
+			return err
+		}
+		d.metrics.transition(ctx, typ, Status(status), 1)
+		d.log.Warn("ledger: lease expired while in flight", "effect_type", typ, "status", status)
+	}
+	return rows.Err()
+}
+
+// lookupUnknown claims unknown effects due for a lookup, as far as there is
+// room, and asks their reconcilers.
+func (d *Dispatcher) lookupUnknown(r *run) error {
+	free := min(d.cfg.Concurrency-int(r.inflight.Load()), d.cfg.BatchSize)
+	if free <= 0 {
+		return nil
+	}
+	owner := fmt.Sprintf("%s/%d", d.owner, d.seq.Add(1))
+	deadline := time.Now().Add(d.cfg.Lease * 9 / 10)
+	entries, err := d.claimRows(r.ctx, d.sql.claimUnknown, d.reconcile, free, owner)
+	if err != nil || len(entries) == 0 {
+		return err
+	}
+	d.start(r, entries, deadline, true)
+	return nil
+}
+
+func (d *Dispatcher) refreshGauges(ctx context.Context) error {
+	var (
+		unknown int64
+		oldest  float64
+	)
+	if err := d.cfg.Pool.QueryRow(ctx, d.sql.gauges).Scan(&unknown, &oldest); err != nil {
+		return err
+	}
+	d.metrics.unknown.Store(unknown)
+	d.metrics.oldestDueBits.Store(math.Float64bits(oldest))
+	return nil
+}
+
+// listen wakes the claim loop whenever a Record commits, until ctx ends. It
+// reconnects after errors; polling covers the gaps.
+func (d *Dispatcher) listen(ctx context.Context, wake chan<- struct{}) {
+	for {
+		err := d.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		d.log.Warn("ledger: listen for notifications; polling until it is back", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.cfg.PollInterval):
+		}
+	}
+}
+
+func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	c, err := d.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The listening connection leaves the pool: it must never serve a query
+	// while notifications queue on it.
+	conn := c.Hijack()
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(ctx, d.sql.listen); err != nil {
+		return err
+	}
+	for {
+		// Wake once after LISTEN too: a Record that committed before it
+		// took effect sent its notification to nobody.
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
+func typeAttr(typ string) attribute.KeyValue { return attribute.String("effect_type", typ) }
+func statusAttr(s Status) attribute.KeyValue { return attribute.String("status", string(s)) }

@@ -1,0 +1,424 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemkit/idem"
+)
+
+// DispatcherConfig configures a Dispatcher.
+type DispatcherConfig struct {
+	// BatchSize is the most effects claimed in one statement. Default: 100.
+	BatchSize int
+	// Concurrency is the most executor calls in flight at once. Default: 16.
+	Concurrency int
+	// Executors carry out effects, by effect type. A dispatcher claims only
+	// the types it has an executor for. Required.
+	Executors map[string]Executor
+	// Lease is how long a claim holds an effect. Calls get a deadline just
+	// before it ends; an effect whose lease ends while in flight becomes
+	// unknown (or due again, when its executor deduplicates by key).
+	// Default: 1 minute.
+	Lease time.Duration
+	// Logger receives the dispatcher's logs. Default: slog.Default().
+	Logger *slog.Logger
+	// MaxAttempts is how many attempts a retryable effect gets before it
+	// becomes failed_terminal. Default: 20.
+	MaxAttempts int
+	// MeterProvider provides the meter for the dispatcher's metrics.
+	// Default: otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// PollInterval is how often the dispatcher looks for due effects without
+	// being notified, sweeps expired leases and refreshes its gauges.
+	// Default: 1 second.
+	PollInterval time.Duration
+	// Pool is the database. The dispatcher holds one extra connection,
+	// taken out of the pool, for LISTEN. Required.
+	Pool *pgxpool.Pool
+	// ReconcileInterval is how long an unknown effect waits between lookups
+	// when its executor is a Reconciler. Default: 1 minute.
+	ReconcileInterval time.Duration
+	// RetryBackoff is the delay before the second attempt; each further
+	// attempt waits twice as long, with jitter, up to RetryBackoffMax.
+	// Default: 1 second.
+	RetryBackoff time.Duration
+	// RetryBackoffMax caps the delay between attempts. Default: 10 minutes.
+	RetryBackoffMax time.Duration
+	// Tables says where the ledger's tables live. Default: idem's defaults.
+	Tables idem.Tables
+}
+
+func (c *DispatcherConfig) setDefaults() {
+	if c.BatchSize <= 0 {
+		c.BatchSize = 100
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 16
+	}
+	if c.Lease <= 0 {
+		c.Lease = time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = 20
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.ReconcileInterval <= 0 {
+		c.ReconcileInterval = time.Minute
+	}
+	if c.RetryBackoff <= 0 {
+		c.RetryBackoff = time.Second
+	}
+	if c.RetryBackoffMax <= 0 {
+		c.RetryBackoffMax = 10 * time.Minute
+	}
+}
+
+// Dispatcher carries out recorded effects: it claims due effects in batches
+// (FOR UPDATE SKIP LOCKED, a lease and an owner token per claim), calls their
+// executors outside any transaction, and writes each outcome with an UPDATE
+// guarded by status and owner token, so that a stale owner cannot overwrite a
+// newer claim. Any number of dispatchers may run at once, in any processes.
+type Dispatcher struct {
+	cfg     DispatcherConfig
+	sql     *statements
+	metrics *metrics
+	log     *slog.Logger
+
+	types     []string // effect types with an executor
+	dedup     []string // ... whose executor deduplicates by key
+	reconcile []string // ... whose executor is a Reconciler
+
+	owner   string // process-unique prefix of owner tokens
+	seq     atomic.Uint64
+	running atomic.Bool
+}
+
+// NewDispatcher validates cfg and returns a Dispatcher; start it with Run.
+func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
+	cfg.setDefaults()
+	if cfg.Pool == nil {
+		return nil, errors.New("ledger: DispatcherConfig.Pool is required")
+	}
+	if len(cfg.Executors) == 0 {
+		return nil, errors.New("ledger: DispatcherConfig.Executors is empty")
+	}
+	s, err := newStatements(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: metrics: %w", err)
+	}
+	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger}
+	for typ, ex := range cfg.Executors {
+		if ex == nil {
+			return nil, fmt.Errorf("ledger: executor for %q is nil", typ)
+		}
+		d.types = append(d.types, typ)
+		if ex.DeduplicatesByKey() {
+			d.dedup = append(d.dedup, typ)
+		}
+		if _, ok := ex.(Reconciler); ok {
+			d.reconcile = append(d.reconcile, typ)
+		}
+	}
+	sort.Strings(d.types)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	host, _ := os.Hostname()
+	d.owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	return d, nil
+}
+
+// run is the state of one Run call.
+type run struct {
+	ctx      context.Context // Run's context, cancelled at shutdown
+	detached context.Context // for calls and outcome writes that must outlive shutdown
+	wake     chan struct{}   // a notification arrived
+	freed    chan struct{}   // a call finished
+	outcomes chan outcome
+	abandon  chan struct{} // closed when Run stops waiting for calls
+	inflight atomic.Int64
+	calls    sync.WaitGroup
+	mu       sync.Mutex
+	deadline time.Time // the latest call deadline handed out
+}
+
+// Run dispatches effects until ctx is cancelled. Then it stops claiming,
+// waits for the calls in flight (at most until their leases end: a call still
+// running then is abandoned to the lease sweep), writes their outcomes and
+// returns nil. It returns an error only if it cannot start. A Dispatcher runs
+// once at a time.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	if !d.running.CompareAndSwap(false, true) {
+		return errors.New("ledger: dispatcher is already running")
+	}
+	defer d.running.Store(false)
+	reg, err := d.metrics.observe()
+	if err != nil {
+		return fmt.Errorf("ledger: register gauges: %w", err)
+	}
+	defer func() { _ = reg.Unregister() }()
+
+	r := &run{
+		ctx:      ctx,
+		detached: context.WithoutCancel(ctx),
+		wake:     make(chan struct{}, 1),
+		freed:    make(chan struct{}, 1),
+		outcomes: make(chan outcome, 2*d.cfg.Concurrency),
+		abandon:  make(chan struct{}),
+	}
+	var bg sync.WaitGroup
+	bg.Go(func() { d.listen(ctx, r.wake) })
+	bg.Go(func() { d.sweepLoop(r) })
+	completed := make(chan struct{})
+	finish := make(chan struct{})
+	go func() {
+		defer close(completed)
+		d.completeLoop(r, finish)
+	}()
+
+	d.claimLoop(r)
+
+	d.waitCalls(r)
+	close(finish)
+	<-completed
+	bg.Wait()
+	return nil
+}
+
+// claimLoop claims due effects whenever there is room for them, until the
+// run's context is cancelled.
+func (d *Dispatcher) claimLoop(r *run) {
+	poll := time.NewTicker(d.cfg.PollInterval)
+	defer poll.Stop()
+	// Claim in chunks of at least this many free slots while busy, so that a
+	// saturated dispatcher does not commit a claim per finished call.
+	threshold := max(1, min(d.cfg.BatchSize, d.cfg.Concurrency)/2)
+	for r.ctx.Err() == nil {
+		waitSlot := false
+		if free := d.cfg.Concurrency - int(r.inflight.Load()); free > 0 {
+			want := min(free, d.cfg.BatchSize)
+			n, err := d.claim(r, want)
+			if err != nil && r.ctx.Err() == nil {
+				d.log.Error("ledger: claim effects", "error", err)
+			}
+			if err == nil && n == want {
+				if want < free {
+					continue // limited by BatchSize: more may be due
+				}
+				waitSlot = true
+			}
+		} else {
+			waitSlot = true
+		}
+		for {
+			var freed chan struct{}
+			if waitSlot {
+				freed = r.freed
+			}
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-r.wake:
+			case <-poll.C:
+			case <-freed:
+				if d.cfg.Concurrency-int(r.inflight.Load()) < threshold {
+					continue
+				}
+			}
+			break
+		}
+	}
+}
+
+// claim takes up to n due effects and starts a call for each.
+func (d *Dispatcher) claim(r *run, n int) (int, error) {
+	owner := fmt.Sprintf("%s/%d", d.owner, d.seq.Add(1))
+	// The local deadline starts before the claim, so it ends before the
+	// lease the database computes.
+	deadline := time.Now().Add(d.cfg.Lease * 9 / 10)
+	entries, err := d.claimRows(r.ctx, d.sql.claim, d.types, n, owner)
+	if err != nil || len(entries) == 0 {
+		return 0, err
+	}
+	d.start(r, entries, deadline, false)
+	return len(entries), nil
+}
+
+func (d *Dispatcher) claimRows(ctx context.Context, query string, types []string, n int, owner string) ([]Entry, error) {
+	rows, err := d.cfg.Pool.Query(ctx, query, types, n, owner, d.cfg.Lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("ledger: claim: %w", err)
+	}
+	defer rows.Close()
+	var entries []Entry
+	for rows.Next() {
+		e, err := scanEntry(rows)
+		if err != nil {
+			return nil, fmt.Errorf("ledger: claim: %w", err)
+		}
+		entries = append(entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ledger: claim: %w", err)
+	}
+	return entries, nil
+}
+
+// start runs one call per entry, each in its own goroutine, owned by r.calls.
+func (d *Dispatcher) start(r *run, entries []Entry, deadline time.Time, lookup bool) {
+	r.mu.Lock()
+	if deadline.After(r.deadline) {
+		r.deadline = deadline
+	}
+	r.mu.Unlock()
+	for _, e := range entries {
+		d.metrics.transition(r.ctx, e.Type, StatusInFlight, 1)
+		r.inflight.Add(1)
+		r.calls.Go(func() {
+			o := d.call(r.detached, e, deadline, lookup)
+			select {
+			case <-r.abandon:
+				// Run has returned; the lease sweep settles this effect.
+			case r.outcomes <- o:
+			}
+			r.inflight.Add(-1)
+			select {
+			case r.freed <- struct{}{}:
+			default:
+			}
+		})
+	}
+}
+
+// waitCalls waits for the calls in flight, at most until the last lease
+// handed out ends.
+func (d *Dispatcher) waitCalls(r *run) {
+	done := make(chan struct{})
+	go func() {
+		r.calls.Wait()
+		close(done)
+	}()
+	if r.inflight.Load() == 0 {
+		<-done
+		return
+	}
+	r.mu.Lock()
+	wait := time.Until(r.deadline) + d.cfg.Lease/10
+	r.mu.Unlock()
+	t := time.NewTimer(max(wait, 0))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		d.log.Warn("ledger: calls still running after their lease ended; abandoning them to the lease sweep",
+			"in_flight", r.inflight.Load())
+		close(r.abandon)
+	}
+}
+
+// call runs the executor (or the reconciler's lookup) for e and turns what it
+// reports into an outcome.
+func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, lookup bool) outcome {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	ex := d.cfg.Executors[e.Type]
+	c := Call{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey, Target: e.Target,
+		IdempotencyKey: e.IdempotencyKey, Request: e.Request, Attempt: e.AttemptCount}
+	begin := time.Now()
+	var (
+		res Result
+		err error
+	)
+	if lookup {
+		res, err = ex.(Reconciler).Lookup(ctx, c)
+	} else {
+		d.metrics.attempts.Add(ctx, 1, metric.WithAttributes(typeAttr(e.Type)))
+		res, err = ex.Execute(ctx, c)
+	}
+	o := d.settle(e, res, err, lookup, ex.DeduplicatesByKey())
+	d.metrics.duration.Record(ctx, time.Since(begin).Seconds(),
+		metric.WithAttributes(typeAttr(e.Type), statusAttr(o.status)))
+	return o
+}
+
+// settle decides the status an attempt leaves e in.
+func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) outcome {
+	o := outcome{id: e.ID, owner: e.LockOwner, typ: e.Type, status: res.Status}
+	if err != nil {
+		o.lastError = truncate(err.Error(), 1024)
+	}
+	if res.Response != nil {
+		h := idem.HashBytes(res.Response)
+		o.responseHash = h[:]
+		o.response = res.Response[:min(len(res.Response), MaxResponse)]
+	}
+	switch o.status {
+	case StatusSucceeded, StatusFailedTerminal, StatusFailedRetryable, StatusUnknown:
+	default:
+		o.status = StatusUnknown
+	}
+	if o.status == StatusUnknown && dedup && e.AttemptCount < d.cfg.MaxAttempts {
+		// The target deduplicates by key: sending again with the same key
+		// is safe and settles the question.
+		o.status = StatusFailedRetryable
+		o.lastError = "outcome unknown, retrying with the same key: " + o.lastError
+	}
+	switch o.status {
+	case StatusFailedRetryable:
+		if lookup {
+			// The target never saw the request: due now, same key.
+			break
+		}
+		if e.AttemptCount >= d.cfg.MaxAttempts {
+			o.status = StatusFailedTerminal
+			o.lastError = fmt.Sprintf("gave up after %d attempts: %s", e.AttemptCount, o.lastError)
+			break
+		}
+		o.delay = max(d.backoff(e.AttemptCount), res.RetryAfter)
+	case StatusUnknown:
+		if slices.Contains(d.reconcile, e.Type) {
+			o.delay = d.cfg.ReconcileInterval
+		}
+	}
+	return o
+}
+
+// backoff is the delay after the attempt-th failed attempt: exponential, with
+// jitter in [d/2, d].
+func (d *Dispatcher) backoff(attempt int) time.Duration {
+	b := d.cfg.RetryBackoff
+	for i := 1; i < attempt && b < d.cfg.RetryBackoffMax; i++ {
+		b *= 2
+	}
+	b = min(b, d.cfg.RetryBackoffMax)
+	return b/2 + jitter(b/2)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

@@ -1,0 +1,122 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// HTTPExecutor sends each effect's request as a JSON body to the effect's
+// Target URL, with the effect's idempotency key in the Idempotency-Key
+// header. It classifies the answer:
+//
+//   - 2xx: succeeded.
+//   - 409 Conflict, 422 Unprocessable Entity and other 4xx: failed_terminal.
+//   - 408, 425, 429 and 5xx: failed_retryable, honouring Retry-After.
+//   - no answer after the request started to leave (a timeout, a reset):
+//     unknown.
+//   - an error before anything was sent (DNS, connection refused, TLS):
+//     failed_retryable.
+//
+// The zero value is usable. Its fields must not change once it is in use.
+type HTTPExecutor struct {
+	// Client sends the requests. Default: a client with a 30 second timeout.
+	Client *http.Client
+	// Deduplicates says the target performs a request at most once per
+	// Idempotency-Key, so unknown outcomes may be retried with the same key.
+	Deduplicates bool
+	// Header is added to every request (e.g. Authorization).
+	Header http.Header
+	// Method is the HTTP method. Default: POST.
+	Method string
+}
+
+var defaultHTTPClient = &http.Client{Timeout: 30 * time.Second}
+
+// DeduplicatesByKey returns e.Deduplicates.
+func (e *HTTPExecutor) DeduplicatesByKey() bool { return e.Deduplicates }
+
+// maxResponseRead bounds how much of a response is read (and hashed).
+const maxResponseRead = 1 << 20
+
+// Execute sends call's request to call.Target.
+func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
+	method := e.Method
+	if method == "" {
+		method = http.MethodPost
+	}
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteHeaderField: func(string, []string) { sent.Store(true) },
+	})
+	req, err := http.NewRequestWithContext(ctx, method, call.Target, bytes.NewReader(call.Request))
+	if err != nil {
+		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: http %s: build request: %w", call.EffectID, err)
+	}
+	if !e.Deduplicates {
+		// Without GetBody the transport cannot resend the request by itself
+		// on a broken keep-alive connection; only the ledger decides on
+		// resending, and only to targets that deduplicate.
+		req.GetBody = nil
+	}
+	for k, vs := range e.Header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	if req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Idempotency-Key", call.IdempotencyKey)
+	client := e.Client
+	if client == nil {
+		client = defaultHTTPClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		if !sent.Load() {
+			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: http %s: not sent: %w", call.EffectID, err)
+		}
+		return Result{Status: StatusUnknown}, fmt.Errorf("ledger: http %s: no answer after sending: %w", call.EffectID, err)
+	}
+	defer resp.Body.Close()
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxResponseRead))
+	res := Result{Response: body}
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		res.Status = StatusSucceeded
+		return res, nil
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
+		res.Status = StatusFailedRetryable
+		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	default:
+		res.Status = StatusFailedTerminal
+	}
+	err = fmt.Errorf("ledger: http %s: %s", call.EffectID, resp.Status)
+	if readErr != nil {
+		err = errors.Join(err, fmt.Errorf("read body: %w", readErr))
+	}
+	return res, err
+}
+
+// retryAfter parses a Retry-After header: delay seconds or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil && s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}

@@ -1,0 +1,81 @@
+package ledger
+
+import (
+	"context"
+	"math"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// meterName is the instrumentation scope of the ledger's metrics.
+const meterName = "github.com/idemkit/idem/ledger"
+
+// metrics are the dispatcher's instruments. Attributes are the effect type
+// and status only: effect and message ids never go on metrics.
+type metrics struct {
+	transitions metric.Int64Counter
+	attempts    metric.Int64Counter
+	refused     metric.Int64Counter
+	duration    metric.Float64Histogram
+	meter       metric.Meter
+	unknownG    metric.Int64ObservableGauge
+	oldestG     metric.Float64ObservableGauge
+
+	// Refreshed by the sweeper, read by the observable gauges.
+	unknown       atomic.Int64
+	oldestDueBits atomic.Uint64 // float64 seconds
+}
+
+func newMetrics(mp metric.MeterProvider) (*metrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(meterName)
+	var (
+		ms  metrics
+		err error
+	)
+	if ms.transitions, err = m.Int64Counter("idem.ledger.transitions",
+		metric.WithDescription("Effects moved to a status by the dispatcher, by effect type and status.")); err != nil {
+		return nil, err
+	}
+	if ms.attempts, err = m.Int64Counter("idem.ledger.attempts",
+		metric.WithDescription("Executor calls started, by effect type.")); err != nil {
+		return nil, err
+	}
+	if ms.refused, err = m.Int64Counter("idem.ledger.outcomes_refused",
+		metric.WithDescription("Outcomes not written because the claim was no longer held (a stale owner), by effect type.")); err != nil {
+		return nil, err
+	}
+	if ms.duration, err = m.Float64Histogram("idem.ledger.dispatch.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of executor calls, by effect type and outcome status.")); err != nil {
+		return nil, err
+	}
+	if ms.unknownG, err = m.Int64ObservableGauge("idem.ledger.unknown",
+		metric.WithDescription("Effects whose outcome is unknown and that wait for reconciliation or an operator.")); err != nil {
+		return nil, err
+	}
+	if ms.oldestG, err = m.Float64ObservableGauge("idem.ledger.oldest_due_age", metric.WithUnit("s"),
+		metric.WithDescription("How long the oldest due effect has been waiting for a dispatcher.")); err != nil {
+		return nil, err
+	}
+	ms.meter = m
+	return &ms, nil
+}
+
+// observe registers the gauges' callback; Run unregisters it when it ends.
+func (m *metrics) observe() (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(m.unknownG, m.unknown.Load())
+		o.ObserveFloat64(m.oldestG, math.Float64frombits(m.oldestDueBits.Load()))
+		return nil
+	}, m.unknownG, m.oldestG)
+}
+
+func (m *metrics) transition(ctx context.Context, typ string, s Status, n int64) {
+	m.transitions.Add(ctx, n, metric.WithAttributes(
+		attribute.String("effect_type", typ), attribute.String("status", string(s))))
+}

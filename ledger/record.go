@@ -1,0 +1,163 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+)
+
+// Config configures a Ledger.
+type Config struct {
+	// Pool is used by the operator functions (List, Get, Resolve, Stats).
+	// Record uses the caller's transaction and does not need it. Optional.
+	Pool *pgxpool.Pool
+	// Tables says where the ledger's tables live. Default: idem's defaults.
+	Tables idem.Tables
+}
+
+// Ledger records effects inside the caller's transactions and answers
+// operators' questions about them. It is safe for concurrent use.
+type Ledger struct {
+	pool *pgxpool.Pool
+	sql  *statements
+}
+
+// New returns a Ledger for cfg.
+func New(cfg Config) (*Ledger, error) {
+	s, err := newStatements(cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	return &Ledger{pool: cfg.Pool, sql: s}, nil
+}
+
+// recordSQL inserts the effect, or returns the row already recorded under its
+// id; the last column says which. pg_notify is sent in the same round trip,
+// so the dispatchers wake when the transaction commits.
+const recordSQL = `WITH ins AS (
+	INSERT INTO {ledger} (effect_id, effect_type, consumer, message_id, business_key, target,
+		idempotency_key, request_hash, request, status)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+	ON CONFLICT (effect_id) DO NOTHING
+	RETURNING {columns}
+)
+SELECT {columns}, true FROM ins
+UNION ALL
+SELECT {columns}, false FROM {ledger} WHERE effect_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
+
+// Record writes effect e into the open transaction tx and returns its entry.
+// The dispatcher carries it out once tx commits; if tx rolls back, the effect
+// never existed.
+//
+// Recording an effect id again with the same request is a no-op that returns
+// the existing entry, whatever its status. With a different request it fails
+// with an *EffectConflictError (errors.Is ErrEffectConflict) and tx stays
+// usable.
+//
+// The replay mode in ctx changes what Record does: idem.Rebuild writes the
+// effect as StatusSuppressed (never dispatched); idem.Forensic writes nothing
+// and adds the effect to the Capture from WithCapture, failing with
+// ErrNoCapture when ctx has none.
+func (l *Ledger) Record(ctx context.Context, tx pgx.Tx, e Effect) (Entry, error) {
+	entry, err := prepare(e)
+	if err != nil {
+		return Entry{}, err
+	}
+	switch idem.ModeFrom(ctx) {
+	case idem.Forensic:
+		c := captureFrom(ctx)
+		if c == nil {
+			return Entry{}, fmt.Errorf("ledger: record %s: %w", entry.ID, ErrNoCapture)
+		}
+		return c.add(entry)
+	case idem.Rebuild:
+		entry.Status = StatusSuppressed
+	}
+
+	b := &pgx.Batch{}
+	var (
+		got      Entry
+		inserted bool
+	)
+	b.Queue(l.sql.record, entry.ID, entry.Type, entry.Consumer, entry.MessageID, entry.BusinessKey,
+		entry.Target, entry.IdempotencyKey, entry.RequestHash[:], entry.Request, string(entry.Status)).
+		QueryRow(func(row pgx.Row) error {
+			var err error
+			got, err = scanEntry(extraColumn{row, &inserted})
+			return err
+		})
+	if entry.Status == StatusPending {
+		b.Queue("SELECT pg_notify($1, '')", l.sql.channel)
+	}
+	err = tx.SendBatch(ctx, b).Close()
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Another transaction inserted the id after this statement's snapshot
+		// was taken and committed while the insert waited for it.
+		got, err = scanEntry(tx.QueryRow(ctx, l.sql.get, entry.ID))
+	}
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: record %s: %w", entry.ID, err)
+	}
+	if got.RequestHash != entry.RequestHash {
+		return Entry{}, &EffectConflictError{EffectID: entry.ID, Stored: got.RequestHash, Recorded: entry.RequestHash}
+	}
+	return got, nil
+}
+
+// prepare validates e and turns it into the entry Record would insert.
+func prepare(e Effect) (Entry, error) {
+	if e.Type == "" || e.BusinessKey == "" {
+		return Entry{}, errors.New("ledger: effect needs a Type and a BusinessKey")
+	}
+	for _, s := range []string{e.Type, e.BusinessKey, e.Target, e.ID, e.Consumer, e.MessageID} {
+		if strings.ContainsRune(s, 0) {
+			return Entry{}, errors.New("ledger: effect fields must not contain NUL bytes")
+		}
+	}
+	var req []byte
+	switch r := e.Request.(type) {
+	case json.RawMessage:
+		req = r
+	case []byte:
+		req = r
+	default:
+		var err error
+		if req, err = json.Marshal(r); err != nil {
+			return Entry{}, fmt.Errorf("ledger: encode request of %s effect: %w", e.Type, err)
+		}
+	}
+	if req == nil {
+		req = []byte{}
+	}
+	id := e.ID
+	if id == "" {
+		id = EffectID(e.Type, e.BusinessKey)
+	}
+	return Entry{
+		ID:             id,
+		Type:           e.Type,
+		BusinessKey:    e.BusinessKey,
+		Target:         e.Target,
+		Consumer:       e.Consumer,
+		MessageID:      e.MessageID,
+		IdempotencyKey: IdempotencyKey(id),
+		RequestHash:    idem.HashBytes(req),
+		Request:        req,
+		Status:         StatusPending,
+	}, nil
+}
+
+// extraColumn scans entryColumns followed by one more column.
+type extraColumn struct {
+	row   pgx.Row
+	extra any
+}
+
+func (r extraColumn) Scan(dest ...any) error { return r.row.Scan(append(dest, r.extra)...) }
