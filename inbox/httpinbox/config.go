@@ -1,0 +1,147 @@
+package httpinbox
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of Config.
+const (
+	DefaultExpiry             = 24 * time.Hour
+	DefaultLease              = 30 * time.Second
+	DefaultMaxKeyLength       = 255
+	DefaultMaxRequestBytes    = 1 << 20
+	DefaultMaxStoredBodyBytes = 64 << 10
+	DefaultRetryAfter         = time.Second
+	// DefaultTenantHeader is the header the default Tenant function reads.
+	DefaultTenantHeader = "X-Tenant-ID"
+)
+
+// maxScopeLength bounds tenant and caller values, which may come from
+// headers.
+const maxScopeLength = 255
+
+// DefaultStoredHeaders are the response headers stored and replayed when
+// Config.StoredHeaders is nil.
+var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "ETag", "Last-Modified", "Link", "Location"}
+
+// ErrConfig is returned (wrapped) by New for an unusable Config.
+var ErrConfig = errors.New("httpinbox: invalid config")
+
+// Config configures a Middleware. The zero value works; every field states
+// its default.
+type Config struct {
+	// Caller returns the caller a request belongs to; keys are scoped per
+	// caller. In production it MUST come from authentication (the verified
+	// token's subject, the API key's owner), never from a value the client
+	// chooses freely: a caller that can name another caller can read that
+	// caller's stored responses by guessing keys. Values must be valid UTF-8
+	// without NUL, at most 255 bytes. Default: "" for every request.
+	Caller func(*http.Request) string
+	// Expiry is how long a key is kept after its first request; a request
+	// that arrives later with the same key runs as new. It must exceed the
+	// longest horizon over which clients retry (see the README). Default:
+	// 24h.
+	Expiry time.Duration
+	// Lease is how long a started request owns its key before another
+	// request with the key may take it over. A running handler keeps the
+	// record row locked, so a slow handler is never taken over; the lease only
+	// decides how soon a crashed request's key runs again. Default: 30s.
+	Lease time.Duration
+	// Logger receives warnings (conflicts, released keys, unknown outcomes).
+	// Keys are logged only as a short hash of their id. Default:
+	// slog.Default().
+	Logger *slog.Logger
+	// MaxKeyLength is the longest Idempotency-Key accepted, in bytes.
+	// Default: 255.
+	MaxKeyLength int
+	// MaxRequestBytes is the largest request body read; a larger one is
+	// answered 413. Default: 1 MiB.
+	MaxRequestBytes int64
+	// MaxStoredBodyBytes is the largest response body stored. A larger body
+	// is sent to the first caller but stored without its body, like a route
+	// with OmitBody. Default: 64 KiB.
+	MaxStoredBodyBytes int
+	// MeterProvider provides the counters. Default: the global provider.
+	MeterProvider metric.MeterProvider
+	// NewKeysPerMinute limits how many new keys one (tenant, caller) may
+	// create in a minute; a request over the limit is answered 429. Requests
+	// with existing keys (replays, in progress) are not limited. The count
+	// is read in the claim statement and may be exceeded slightly under
+	// concurrency. Default: 0, no limit.
+	NewKeysPerMinute int
+	// RetryAfter is the Retry-After sent with a 409 "in progress". Default: 1s.
+	RetryAfter time.Duration
+	// StoredHeaders lists the response headers stored with a response and
+	// sent again on replay; others reach the first caller only. Default:
+	// DefaultStoredHeaders.
+	StoredHeaders []string
+	// Tables says where the http_keys table lives. Default: idem's defaults.
+	Tables idem.Tables
+	// Tenant returns the tenant a request belongs to; keys are scoped per
+	// tenant. Values must be valid UTF-8 without NUL, at most 255 bytes.
+	// Default: the X-Tenant-ID header, empty allowed.
+	Tenant func(*http.Request) string
+	// Wait bounds how long a request whose key is in progress waits for the
+	// first request to finish (and then receives its response) before it is
+	// answered 409. Default: 0, answer 409 at once.
+	Wait time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Caller == nil {
+		c.Caller = func(*http.Request) string { return "" }
+	}
+	if c.Expiry == 0 {
+		c.Expiry = DefaultExpiry
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = DefaultMaxKeyLength
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.MaxStoredBodyBytes == 0 {
+		c.MaxStoredBodyBytes = DefaultMaxStoredBodyBytes
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.StoredHeaders == nil {
+		c.StoredHeaders = DefaultStoredHeaders
+	}
+	c.Tables = c.Tables.WithDefaults()
+	if c.Tenant == nil {
+		c.Tenant = func(r *http.Request) string { return r.Header.Get(DefaultTenantHeader) }
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Expiry < 0, c.Lease < 0, c.MaxKeyLength < 0, c.MaxRequestBytes < 0,
+		c.MaxStoredBodyBytes < 0, c.NewKeysPerMinute < 0, c.RetryAfter < 0, c.Wait < 0:
+		return fmt.Errorf("%w: negative duration or limit", ErrConfig)
+	case c.Lease < time.Millisecond:
+		return fmt.Errorf("%w: lease %s is shorter than 1ms", ErrConfig, c.Lease)
+	case c.Expiry <= c.Lease:
+		return fmt.Errorf("%w: expiry %s must exceed the lease %s", ErrConfig, c.Expiry, c.Lease)
+	}
+	if err := c.Tables.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}

@@ -1,0 +1,32 @@
+// Package httpinbox protects the HTTP edge the way package inbox protects a
+// consumer: an Idempotency-Key middleware whose record commits in the same
+// PostgreSQL transaction as the handler's business write, so one request
+// intent has exactly one effect however often the client retries.
+//
+// A request carries a key (header Idempotency-Key). The record for
+// (tenant, caller, operation, key) holds a fingerprint of the request, a
+// state (started, completed, failed_replayable or unknown), a lease, and the
+// stored response. The middleware:
+//
+//  1. claims the key with INSERT … ON CONFLICT DO NOTHING as started, under a
+//     lease, in a short statement of its own, so that a concurrent request with
+//     the same key sees "in progress" at once instead of blocking;
+//  2. runs the handler in a second transaction that first re-locks the record
+//     row (SELECT … FOR UPDATE, guarded by the lease owner token), then lets the
+//     handler write, then stores the response and the final state in that same
+//     transaction, and commits;
+//  3. only then writes the response to the client.
+//
+// Crash semantics follow from that order. If the process dies before the
+// commit, nothing of the handler's transaction exists: the record is still
+// started, its lease expires, and the next request with the key takes it over
+// and runs the handler again. If the process dies after the commit, the record
+// is completed and the retry receives the stored response. A stale started
+// record therefore proves that the handler's transaction did not commit; the
+// database, not the middleware's memory, decides.
+//
+// The handler's effect identity must come from the record, not from the
+// request: FromContext(ctx).KeyID() is stable across retries, so an event or
+// ledger effect recorded with it keeps one identity however often the key is
+// replayed or re-run.
+package httpinbox

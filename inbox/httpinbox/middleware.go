@@ -1,0 +1,227 @@
+package httpinbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Handler is an application handler behind the middleware. It gets the
+// transaction that also holds the key's record: its writes, the stored
+// response and any outbox or ledger entry commit together. Its Commit and
+// Rollback return ErrTxOwned; tx.Begin opens a savepoint as usual. The
+// request body is buffered and can be read from r as usual.
+//
+// What it returns decides the record:
+//   - a Response with a status below 400: stored as completed and replayed;
+//   - a Response with a 4xx status: an application failure (e.g. 402),
+//     stored as failed_replayable and replayed;
+//   - Unknown(resp): stored as unknown and replayed, never run again;
+//   - a Response with a 5xx status: sent but not stored; the transaction
+//     rolls back and the key is released, because a server error must stay
+//     retryable;
+//   - Invalid(err) or Reject(resp): sent but not stored; the transaction
+//     rolls back and the key is deleted, so the client may fix the request
+//     and retry with the same key;
+//   - any other error: the transaction rolls back, the key is released and
+//     the client receives a 500 problem; a retry with the key runs again.
+//
+// A panic is treated like a crash: the transaction rolls back, the record
+// stays started until its lease expires, and the panic continues.
+type Handler func(ctx context.Context, tx pgx.Tx, r *http.Request) (Response, error)
+
+// Route describes one idempotent endpoint.
+type Route struct {
+	// Operation names what the route does, e.g. "payments.create". It is
+	// part of the key's scope and of the fingerprint, and an attribute of
+	// the metrics, so it must be a fixed name, not a value from the request.
+	// Required.
+	Operation string
+	// Template is the route template in the fingerprint. Default: the
+	// http.ServeMux pattern that matched the request (Request.Pattern).
+	Template string
+	// KeyOptional lets requests without an Idempotency-Key through: their
+	// handler runs in a transaction, nothing is recorded, and FromContext
+	// returns nil. Default: a key is required (400 MISSING_IDEMPOTENCY_KEY).
+	KeyOptional bool
+	// OmitBody keeps response bodies of this route out of the store, for
+	// sensitive responses: the first caller receives the body, a replay
+	// receives the stored status, headers and resource id with an empty body.
+	OmitBody bool
+}
+
+// Middleware turns handlers into idempotent http.Handlers backed by the
+// http_keys table. It is safe for concurrent use.
+type Middleware struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	sql     statements
+	stored  map[string]bool // canonical names of the stored headers
+	metrics metrics
+	log     *slog.Logger
+}
+
+// New returns a Middleware that keeps its records in pool, in the http_keys
+// table of cfg.Tables (created by package migrate).
+func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.MeterProvider)
+	if err != nil {
+		return nil, err
+	}
+	m := &Middleware{
+		pool:    pool,
+		cfg:     cfg,
+		sql:     newStatements(cfg.Tables),
+		stored:  make(map[string]bool, len(cfg.StoredHeaders)),
+		metrics: met,
+		log:     cfg.Logger,
+	}
+	for _, h := range cfg.StoredHeaders {
+		m.stored[http.CanonicalHeaderKey(h)] = true
+	}
+	return m, nil
+}
+
+// Handle returns an http.Handler that runs h idempotently for route. Like
+// http.ServeMux.Handle, it panics on a programming error: an empty or
+// invalid Operation, or a nil h.
+func (m *Middleware) Handle(route Route, h Handler) http.Handler {
+	if route.Operation == "" || !utf8.ValidString(route.Operation) || h == nil {
+		panic(fmt.Sprintf("httpinbox: Handle needs a valid Operation and a handler, got %q", route.Operation))
+	}
+	return &endpoint{m: m, route: route, h: h}
+}
+
+type endpoint struct {
+	m     *Middleware
+	route Route
+	h     Handler
+}
+
+// detachedTimeout bounds the work that runs after the request context may be
+// gone: commit, rollback, release.
+const detachedTimeout = 10 * time.Second
+
+func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := e.m
+	key, err := parseKey(r.Header, m.cfg.MaxKeyLength)
+	switch {
+	case errors.Is(err, errNoKey) && e.route.KeyOptional:
+		if body, ok := e.readBody(w, r); ok {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			e.execute(w, r, nil)
+		}
+		return
+	case errors.Is(err, errNoKey):
+		writeProblem(w, http.StatusBadRequest, CodeMissingKey, "this operation requires an Idempotency-Key header", 0)
+		return
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, CodeInvalidKey, err.Error(), 0)
+		return
+	}
+	tenant, caller := m.cfg.Tenant(r), m.cfg.Caller(r)
+	if !validScope(tenant) || !validScope(caller) {
+		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
+			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
+		return
+	}
+	body, ok := e.readBody(w, r)
+	if !ok {
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	c := &Claim{
+		id:        scopeID(tenant, caller, e.route.Operation, key),
+		tenant:    tenant,
+		caller:    caller,
+		operation: e.route.Operation,
+		key:       key,
+	}
+	_, _ = rand.Read(c.owner[:]) // crypto/rand.Read never fails
+	template := e.route.Template
+	if template == "" {
+		template = r.Pattern
+	}
+	fp := fingerprint(r, template, tenant, caller, e.route.Operation, body)
+
+	ctx := r.Context()
+	var deadline time.Time
+	if m.cfg.Wait > 0 {
+		deadline = time.Now().Add(m.cfg.Wait)
+	}
+	pause := 5 * time.Millisecond
+	for {
+		out, st, err := m.claim(ctx, c, fp)
+		if err != nil {
+			m.log.Error("httpinbox: claim failed", "operation", c.operation, "key_id", c.id.Short(), "error", err)
+			writeProblem(w, http.StatusInternalServerError, CodeInternal, "the idempotency store failed", 0)
+			return
+		}
+		switch out {
+		case outcomeRun:
+			m.metrics.started.Add(ctx, 1, m.metrics.opt(c.operation))
+			e.execute(w, r, c)
+		case outcomeReplay:
+			m.metrics.replayed.Add(ctx, 1, m.metrics.opt(c.operation))
+			writeResponse(w, st.status, st.header, st.resourceID, st.body, true)
+		case outcomeConflict:
+			m.metrics.conflict.Add(ctx, 1, m.metrics.opt(c.operation))
+			m.log.Warn("httpinbox: key reused with a different request",
+				"operation", c.operation, "key_id", c.id.Short(), "fingerprint", fp.Short())
+			writeProblem(w, http.StatusUnprocessableEntity, CodeKeyReused,
+				"this Idempotency-Key was used with a different request", 0)
+		case outcomeLimited:
+			writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
+				fmt.Sprintf("at most %d new idempotency keys per minute", m.cfg.NewKeysPerMinute), 60)
+		case outcomeInProgress:
+			if wait := time.Until(deadline); wait > 0 {
+				t := time.NewTimer(min(pause, wait))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return // the client is gone; nobody reads an answer
+				case <-t.C:
+				}
+				pause = min(2*pause, 100*time.Millisecond)
+				continue
+			}
+			m.metrics.inProgress.Add(ctx, 1, m.metrics.opt(c.operation))
+			writeProblem(w, http.StatusConflict, CodeInProgress,
+				"a request with this Idempotency-Key is in progress", retryAfter(m.cfg.RetryAfter))
+		}
+		return
+	}
+}
+
+func retryAfter(d time.Duration) int { return max(1, int(math.Ceil(d.Seconds()))) }
+
+// readBody reads the whole request body, bounded by MaxRequestBytes.
+func (e *endpoint) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	limit := e.m.cfg.MaxRequestBytes
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	switch {
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, CodeValidationFailed, "cannot read the request body", 0)
+		return nil, false
+	case int64(len(body)) > limit:
+		writeProblem(w, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
+			fmt.Sprintf("the request body exceeds %d bytes", limit), 0)
+		return nil, false
+	}
+	return body, true
+}
