@@ -1,0 +1,344 @@
+package streamio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+)
+
+// DefaultURL is used by URLFromEnv when neither IDEM_STREAM_URL nor
+// IDEM_AMQP_URL is set.
+const DefaultURL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
+
+// DefaultStreamPort is the port of RabbitMQ's stream plugin.
+const DefaultStreamPort = 5552
+
+// URLFromEnv returns IDEM_STREAM_URL when set; otherwise the stream URI
+// derived from IDEM_AMQP_URL (same credentials, host and vhost, scheme
+// rabbitmq-stream and port 5552, or rabbitmq-stream+tls for amqps); otherwise
+// DefaultURL.
+func URLFromEnv() string {
+	if u := os.Getenv("IDEM_STREAM_URL"); u != "" {
+		return u
+	}
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		if s, err := StreamURL(u); err == nil {
+			return s
+		}
+	}
+	return DefaultURL
+}
+
+// StreamURL derives the stream protocol URI from an AMQP 0-9-1 URL: the
+// credentials, host and vhost are kept, the scheme becomes rabbitmq-stream
+// (rabbitmq-stream+tls for amqps) and the port DefaultStreamPort.
+func StreamURL(amqpURL string) (string, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return "", fmt.Errorf("streamio: parse amqp url %s: %w", Redact(amqpURL), redactErr(err))
+	}
+	switch u.Scheme {
+	case "amqp":
+		u.Scheme = "rabbitmq-stream"
+	case "amqps":
+		u.Scheme = "rabbitmq-stream+tls"
+	default:
+		return "", fmt.Errorf("streamio: amqp url %s: scheme must be amqp or amqps", Redact(amqpURL))
+	}
+	u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(DefaultStreamPort))
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	return u.String(), nil
+}
+
+// Redact returns uri with its password replaced by "xxxxx", for logs and
+// errors. A string that does not parse as a URL is replaced entirely, since
+// it might still hold a password.
+func Redact(uri string) string {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return "<unparsable url>"
+	}
+	return u.Redacted()
+}
+
+// redactErr drops the text of url.Error values, which quote the whole URL.
+func redactErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
+}
+
+// Config configures Open.
+type Config struct {
+	// Logger receives the package's own logs. Default: slog.Default().
+	Logger *slog.Logger
+
+	// PinHost makes every connection (consumers and producers) go to the
+	// URI's host and port instead of the host the broker advertises for the
+	// stream. Use it behind a load balancer or when the advertised name does
+	// not resolve from here. It is always on when the URI's host is a
+	// loopback address. Default: false.
+	PinHost bool
+
+	// ProbeTimeout bounds how long Tail waits for the broker to deliver the
+	// last chunk of a stream; a stream that delivers nothing within it is
+	// empty. Default: 1s.
+	ProbeTimeout time.Duration
+
+	// URI is the stream protocol URI,
+	// rabbitmq-stream://user:password@host:5552/vhost. Required; see
+	// URLFromEnv.
+	URI string
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.ProbeTimeout <= 0 {
+		c.ProbeTimeout = time.Second
+	}
+	return c
+}
+
+// Env connects to RabbitMQ's stream protocol. Every call (Read, Follow,
+// Tail, Publish, DeclareStream, DeleteStream) opens connections of its own
+// and closes them when it returns: a slow reader never stalls another one's
+// socket, and a call after a network failure starts from fresh connections
+// instead of the client's stale ones (which it may take its RPC timeout to
+// notice, or retry forever to replace). An Env is safe for concurrent use.
+type Env struct {
+	cfg        Config
+	logger     *slog.Logger
+	uri        string // redacted
+	readBuffer int    // socket read buffer; 0 keeps kernel autotuning
+
+	mu     sync.Mutex
+	live   map[*stream.Environment]struct{}
+	closed bool
+}
+
+// ErrClosed is returned (wrapped) by calls on a closed Env.
+var ErrClosed = errors.New("streamio: env closed")
+
+// Open checks that the broker at cfg.URI accepts a connection and returns an
+// Env for it. Connections keep the kernel's socket buffer autotuning: the
+// client's default 8 KiB read buffer shrinks the TCP window below the
+// broker's chunk size and slows consumption to a few hundred messages per
+// second.
+func Open(ctx context.Context, cfg Config) (*Env, error) {
+	cfg = cfg.withDefaults()
+	if _, err := environmentOptions(cfg, 0); err != nil {
+		return nil, err
+	}
+	e := &Env{cfg: cfg, logger: cfg.Logger, uri: Redact(cfg.URI), live: map[*stream.Environment]struct{}{}}
+	env, err := e.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e.disconnect(env)
+	e.logger.Debug("streamio: broker reachable", slog.String("uri", e.uri))
+	return e, nil
+}
+
+func environmentOptions(cfg Config, readBuffer int) (*stream.EnvironmentOptions, error) {
+	if cfg.URI == "" {
+		return nil, errors.New("streamio: open: Config.URI is required")
+	}
+	u, err := url.Parse(cfg.URI)
+	if err != nil {
+		return nil, fmt.Errorf("streamio: open %s: %w", Redact(cfg.URI), redactErr(err))
+	}
+	if u.Scheme != "rabbitmq-stream" && u.Scheme != "rabbitmq-stream+tls" {
+		return nil, fmt.Errorf("streamio: open %s: scheme must be rabbitmq-stream or rabbitmq-stream+tls", Redact(cfg.URI))
+	}
+	opts := stream.NewEnvironmentOptions().
+		SetUri(cfg.URI).
+		// 0 keeps the kernel's receive buffer autotuning (see Open).
+		SetReadBuffer(readBuffer).
+		SetWriteBuffer(0).
+		// One TCP connection per consumer and per producer.
+		SetMaxConsumersPerClient(1).
+		SetMaxProducersPerClient(1)
+	if cfg.PinHost || isLoopback(u.Hostname()) {
+		port := DefaultStreamPort
+		if p := u.Port(); p != "" {
+			if port, err = strconv.Atoi(p); err != nil {
+				return nil, fmt.Errorf("streamio: open %s: port: %w", Redact(cfg.URI), err)
+			}
+		}
+		opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: port})
+	}
+	return opts, nil
+}
+
+// connect opens a client environment (its locator connection) for one
+// call. Close it with disconnect.
+func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
+	opts, err := environmentOptions(e.cfg, e.readBuffer)
+	if err != nil {
+		return nil, err
+	}
+	type result struct {
+		env *stream.Environment
+		err error
+	}
+	// NewEnvironment takes no context; it gives up on its own after the
+	// client's RPC timeout.
+	done := make(chan result, 1)
+	go func() {
+		env, err := stream.NewEnvironment(opts)
+		done <- result{env, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.env != nil {
+				_ = r.env.Close()
+			}
+		}()
+		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, ctx.Err())
+	}
+	if r.err != nil {
+		if r.env != nil {
+			_ = r.env.Close()
+		}
+		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, scrub(r.err, e.cfg.URI))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		_ = r.env.Close()
+		return nil, ErrClosed
+	}
+	e.live[r.env] = struct{}{}
+	return r.env, nil
+}
+
+// disconnect closes env unless Close already did: a client environment
+// must be closed once.
+func (e *Env) disconnect(env *stream.Environment) {
+	e.mu.Lock()
+	_, mine := e.live[env]
+	delete(e.live, env)
+	e.mu.Unlock()
+	if mine {
+		_ = env.Close()
+	}
+}
+
+// scrub replaces the URI's password in err's text, in case the client quoted
+// the URI.
+func scrub(err error, uri string) error {
+	u, perr := url.Parse(uri)
+	if perr != nil || err == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+}
+
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Close closes every connection the Env's calls hold: running Reads and
+// Follows return an error wrapping ErrConnectionLost, later calls ErrClosed.
+func (e *Env) Close() error {
+	e.mu.Lock()
+	e.closed = true
+	live := e.live
+	e.live = nil
+	e.mu.Unlock()
+	for env := range live {
+		_ = env.Close()
+	}
+	return nil
+}
+
+// StreamOptions are the retention settings of a new stream. Zero values leave
+// the broker's defaults.
+type StreamOptions struct {
+	// MaxAge removes segments older than this.
+	MaxAge time.Duration
+	// MaxLengthBytes caps the stream's size on disk, whole segments are
+	// removed first.
+	MaxLengthBytes int64
+	// MaxSegmentSizeBytes is the size of one segment file.
+	MaxSegmentSizeBytes int64
+}
+
+// DeclareStream creates the stream name if it does not exist. Declaring an
+// existing stream with the same options is not an error.
+func (e *Env) DeclareStream(ctx context.Context, name string, opts StreamOptions) error {
+	so := &stream.StreamOptions{MaxAge: opts.MaxAge}
+	if opts.MaxLengthBytes > 0 {
+		so.MaxLengthBytes = stream.ByteCapacity{}.B(opts.MaxLengthBytes)
+	}
+	if opts.MaxSegmentSizeBytes > 0 {
+		so.MaxSegmentSizeBytes = stream.ByteCapacity{}.B(opts.MaxSegmentSizeBytes)
+	}
+	env, err := e.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("streamio: declare stream %s: %w", name, err)
+	}
+	defer e.disconnect(env)
+	if err := call(ctx, func() error { return env.DeclareStream(name, so) }); err != nil {
+		return fmt.Errorf("streamio: declare stream %s: %w", name, err)
+	}
+	return nil
+}
+
+// DeleteStream deletes the stream name and its data. Deleting a stream that
+// does not exist returns an error wrapping ErrStreamNotFound.
+func (e *Env) DeleteStream(ctx context.Context, name string) error {
+	env, err := e.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("streamio: delete stream %s: %w", name, err)
+	}
+	defer e.disconnect(env)
+	if err := call(ctx, func() error { return env.DeleteStream(name) }); err != nil {
+		return fmt.Errorf("streamio: delete stream %s: %w", name, err)
+	}
+	return nil
+}
+
+// ErrStreamNotFound is returned (wrapped) for a stream that does not exist.
+var ErrStreamNotFound = stream.StreamDoesNotExist
+
+// call runs a client call that takes no context and returns when it is done
+// or ctx ends, whichever is first. The client's own RPC timeout bounds the
+// call left behind.
+func call(ctx context.Context, f func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,217 @@
+package streamio
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
+	"github.com/stretchr/testify/require"
+)
+
+func recs(offsets ...int64) []Record {
+	out := make([]Record, len(offsets))
+	for i, o := range offsets {
+		out[i] = Record{Offset: o}
+	}
+	return out
+}
+
+func offsets(rs []Record) []int64 {
+	out := make([]int64, len(rs))
+	for i, r := range rs {
+		out[i] = r.Offset
+	}
+	return out
+}
+
+func TestWindowCutStopsAtEndAndDropsRestOfChunk(t *testing.T) {
+	t.Parallel()
+	w := window{from: 3, end: 7}
+
+	keep, done := w.cut(recs(0, 1, 2, 3, 4))
+	require.Equal(t, []int64{3, 4}, offsets(keep))
+	require.False(t, done)
+
+	keep, done = w.cut(recs(5, 6, 7, 8, 9))
+	require.Equal(t, []int64{5, 6, 7}, offsets(keep))
+	require.True(t, done)
+
+	// The end may be missing (a gap): the first record past it ends the read.
+	keep, done = w.cut(recs(8, 9))
+	require.Empty(t, keep)
+	require.True(t, done)
+}
+
+func TestWindowFiltersByCreationTimeButKeepsUntimedRecords(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	w := window{from: 0, end: 100, notBefore: t0, notAfter: t0.Add(time.Minute)}
+	batch := []Record{
+		{Offset: 0, Timestamp: t0.Add(-time.Millisecond)}, // before From
+		{Offset: 1, Timestamp: t0},                        // at From: kept
+		{Offset: 2},                                       // no creation time: kept
+		{Offset: 3, Timestamp: t0.Add(time.Minute)},       // at To: kept
+		{Offset: 4, Timestamp: t0.Add(time.Minute + 1)},   // after To
+	}
+	keep, done := w.cut(batch)
+	require.Equal(t, []int64{1, 2, 3}, offsets(keep))
+	require.False(t, done)
+}
+
+func TestEmptyWindow(t *testing.T) {
+	t.Parallel()
+	require.True(t, window{from: 5, end: 4}.empty())
+	require.False(t, window{from: 5, end: 5}.empty())
+}
+
+func TestValidateRejectsNonsense(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	cases := []struct {
+		name string
+		spec ReadSpec
+		want error
+	}{
+		{"no stream", ReadSpec{}, ErrInvalidSpec},
+		{"negative batch", ReadSpec{Stream: "s", MaxBatch: -1}, ErrInvalidSpec},
+		{"tail as start", ReadSpec{Stream: "s", From: TailAtStart()}, ErrInvalidSpec},
+		{"first as end", ReadSpec{Stream: "s", To: First()}, ErrInvalidSpec},
+		{"negative offset", ReadSpec{Stream: "s", From: Offset(-1)}, ErrInvalidSpec},
+		{"offsets reversed", ReadSpec{Stream: "s", From: Offset(5), To: Offset(4)}, ErrEndBeforeStart},
+		{"times reversed", ReadSpec{Stream: "s", From: Timestamp(now.Add(-time.Second)), To: Timestamp(now.Add(-time.Hour))}, ErrEndBeforeStart},
+		{"start in future", ReadSpec{Stream: "s", From: Timestamp(now.Add(time.Minute))}, ErrStartInFuture},
+	}
+	for _, c := range cases {
+		_, err := c.spec.validate(now)
+		require.ErrorIs(t, err, c.want, c.name)
+	}
+
+	spec, err := ReadSpec{Stream: "s", From: Offset(5), To: Offset(5)}.validate(now)
+	require.NoError(t, err)
+	require.Equal(t, DefaultMaxBatch, spec.MaxBatch)
+
+	spec, err = ReadSpec{Stream: "s"}.validate(now)
+	require.NoError(t, err)
+	require.Equal(t, First(), spec.From)
+	require.Equal(t, TailAtStart(), spec.To)
+}
+
+func TestBufferBlocksProducerWhileFullAndHandsOverInOrder(t *testing.T) {
+	t.Parallel()
+	b := newBuffer(3)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range int64(10) {
+			b.put(Record{Offset: i})
+		}
+	}()
+	var got []int64
+	for len(got) < 10 {
+		<-b.ready
+		batch := b.take()
+		require.LessOrEqual(t, len(batch), 3)
+		got = append(got, offsets(batch)...)
+	}
+	wg.Wait()
+	require.Equal(t, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, got)
+}
+
+func TestBufferStopReleasesBlockedProducer(t *testing.T) {
+	t.Parallel()
+	b := newBuffer(1)
+	b.put(Record{Offset: 0})
+	done := make(chan struct{})
+	go func() {
+		b.put(Record{Offset: 1}) // full: blocks until stop
+		b.put(Record{Offset: 2}) // stopped: returns at once
+		close(done)
+	}()
+	b.stop()
+	<-done
+	require.Equal(t, []int64{0}, offsets(b.take()))
+}
+
+func TestToRecordReadsAMQPFields(t *testing.T) {
+	t.Parallel()
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := &amqp.Message{
+		Properties: &amqp.MessageProperties{
+			MessageID: uint64(42), CorrelationID: []byte("c"), ContentType: "text/plain", CreationTime: created,
+		},
+		ApplicationProperties: map[string]any{"k": "v"},
+		Data:                  [][]byte{[]byte("ab"), []byte("cd")},
+	}
+	r := toRecord(7, m)
+	require.Equal(t, Record{
+		Offset: 7, Timestamp: created, MessageID: "42",
+		Properties:            Properties{ContentType: "text/plain", CorrelationID: "c"},
+		ApplicationProperties: map[string]any{"k": "v"}, Body: []byte("abcd"),
+	}, r)
+
+	require.Equal(t, []byte("v"), toRecord(0, &amqp.Message{Value: "v"}).Body)
+}
+
+func TestStreamURLDerivesFromAMQPURL(t *testing.T) {
+	t.Parallel()
+	got, err := StreamURL("amqp://guest:guest@127.0.0.1:5672/")
+	require.NoError(t, err)
+	require.Equal(t, "rabbitmq-stream://guest:guest@127.0.0.1:5552/", got)
+
+	got, err = StreamURL("amqps://u:p@mq.example.com/prod")
+	require.NoError(t, err)
+	require.Equal(t, "rabbitmq-stream+tls://u:p@mq.example.com:5552/prod", got)
+
+	_, err = StreamURL("http://x")
+	require.Error(t, err)
+}
+
+func TestErrorsNeverShowThePassword(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "rabbitmq-stream://guest:xxxxx@h:5552/", Redact("rabbitmq-stream://guest:s3cret@h:5552/"))
+
+	_, err := StreamURL("amqp://u:s3cret@h:bad port/")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+
+	_, err = environmentOptions(Config{URI: "amqp://u:s3cret@h/"}, 0)
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
+}
+
+func TestOpenWithWrongPasswordDoesNotLeakIt(t *testing.T) {
+	t.Parallel()
+	openEnv(t) // skips or fails when the broker is unreachable
+	u, err := url.Parse(URLFromEnv())
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), "wrong-s3cret")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = Open(ctx, Config{URI: u.String()})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "wrong-s3cret")
+	require.True(t, strings.Contains(err.Error(), "xxxxx"), err.Error())
+}
+
+func TestLoopbackURIPinsConnectionsToItsHost(t *testing.T) {
+	t.Parallel()
+	opts, err := environmentOptions(Config{URI: "rabbitmq-stream://guest:guest@127.0.0.1:5552/"}, 0)
+	require.NoError(t, err)
+	require.NotNil(t, opts.AddressResolver)
+	require.Equal(t, "127.0.0.1", opts.AddressResolver.Host)
+	require.Equal(t, 5552, opts.AddressResolver.Port)
+	require.Zero(t, opts.TCPParameters.ReadBuffer, "the kernel must autotune the read buffer")
+
+	opts, err = environmentOptions(Config{URI: "rabbitmq-stream://guest:guest@mq.example.com:5552/"}, 0)
+	require.NoError(t, err)
+	require.Nil(t, opts.AddressResolver)
+
+	opts, err = environmentOptions(Config{URI: "rabbitmq-stream://guest:guest@mq.example.com/", PinHost: true}, 0)
+	require.NoError(t, err)
+	require.Equal(t, DefaultStreamPort, opts.AddressResolver.Port)
+}
