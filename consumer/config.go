@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/streamio"
 )
 
 // Topology says what the consumer does with its queues at start.
@@ -129,6 +131,15 @@ type Config struct {
 	// Default: false (only hashes are stored; the payload is in the DLQ).
 	StorePayloads bool
 
+	// Stream is the RabbitMQ stream to consume instead of a Queue: in order,
+	// with the checkpoint in each batch's transaction, one active reader per
+	// (Name, Stream) across processes.
+	Stream string
+
+	// StreamURL is the stream protocol URL. Default: derived from AMQPURL
+	// (rabbitmq-stream://…:5552/), or IDEM_STREAM_URL.
+	StreamURL string
+
 	// Tables names the schema and table prefix. Default: public, idem_.
 	Tables idem.Tables
 
@@ -206,6 +217,13 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.StreamURL == "" && c.Stream != "" {
+		if os.Getenv("IDEM_STREAM_URL") != "" || c.AMQPURL == "" {
+			c.StreamURL = streamio.URLFromEnv()
+		} else if u, err := streamio.StreamURL(c.AMQPURL); err == nil {
+			c.StreamURL = u
+		}
 	}
 	c.Tables = c.Tables.WithDefaults()
 }

@@ -32,9 +32,14 @@ type Consumer struct {
 	inbox   *inbox.Inbox
 	tel     *telemetry
 	handler Handler
+	source  string // the queue or stream name
 	running atomic.Bool
 	gen     atomic.Uint64
 	counts  counters
+
+	// checkpoint and tail are the stream source's last committed offset and
+	// the stream's last sampled tail, for the lag metric.
+	checkpoint, tail atomic.Int64
 
 	// afterCommit, when set by tests of this package, runs after each
 	// successful commit and before the acks: the crash window of invariant 2.
@@ -49,6 +54,9 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	source := cfg.Queue
+	if cfg.Stream != "" {
+		source = cfg.Stream
+	}
 	if source == "" {
 		source = cfg.Name
 	}
@@ -56,11 +64,20 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
-	tel, err := newTelemetry(&cfg, source)
+	c := &Consumer{cfg: cfg, inbox: ib, source: source}
+	c.tel, err = newTelemetry(&cfg, source, c.lag)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: telemetry: %w", err)
 	}
-	return &Consumer{cfg: cfg, inbox: ib, tel: tel}, nil
+	return c, nil
+}
+
+// lag is the stream lag: the sampled tail offset minus the checkpoint.
+func (c *Consumer) lag() (int64, bool) {
+	if c.cfg.Stream == "" || c.tail.Load() == 0 && c.checkpoint.Load() == 0 {
+		return 0, false
+	}
+	return max(c.tail.Load()-c.checkpoint.Load(), 0), true
 }
 
 // Handle sets the handler. Call it once, before Run.
@@ -79,13 +96,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.handler == nil {
 		return configError("no handler: call Handle before Run")
 	}
-	if c.cfg.AMQPURL == "" || c.cfg.Queue == "" {
-		return configError("Run needs AMQPURL and Queue")
+	if (c.cfg.Queue == "") == (c.cfg.Stream == "") {
+		return configError("Run needs exactly one of Queue and Stream")
+	}
+	if c.cfg.Queue != "" && c.cfg.AMQPURL == "" {
+		return configError("Run needs AMQPURL to consume a queue")
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run is already running")
 	}
 	defer c.running.Store(false)
+	if c.cfg.Stream != "" {
+		return c.runStream(ctx)
+	}
 
 	work, stopWork := shutdownContext(ctx, c.cfg.ShutdownTimeout)
 	defer stopWork()
@@ -300,7 +323,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 	for i, d := range batch {
 		msgs[i] = d.msg
 	}
-	hooks := batchHooks{afterCommit: c.afterCommit, abandon: s.dead}
+	hooks := batchOptions{afterCommit: c.afterCommit, abandon: s.dead}
 	results := c.runBatch(ctx, msgs, hooks)
 	c.settle(ctx, s, batch, results)
 }
@@ -349,32 +372,18 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 	counts := map[string]int{}
 	for i, r := range results {
 		m := batch[i].msg
+		counts[outcomeName(r)]++
 		switch r.outcome {
-		case outcomeProcessed, outcomeDuplicate:
-			counts[r.outcome.String()]++
 		case outcomeDeadLettered:
-			name := "dead_lettered"
-			if r.reason == ReasonPayloadConflict {
-				name = "conflict"
-				c.cfg.Logger.Error("payload conflict: message id reused with a different payload",
-					"consumer", c.cfg.Name, "message_id", shortID(m.ID),
-					"payload_hash", m.Hash.String(), "stored_hash", r.storedHash.String())
-			} else {
-				c.cfg.Logger.Warn("dead-lettering message", "consumer", c.cfg.Name,
-					"message_id", shortID(m.ID), "reason", r.reason, "error", errorText(r.err))
-			}
-			counts[name]++
+			c.logDeadLetter(m, r)
 			out = append(out, c.deadLetterMessage(m, r))
 			outIdx = append(outIdx, i)
 		case outcomeRetry:
-			counts["retried"]++
 			delay := backoff(m.Attempt, c.cfg.RetryBaseDelay, c.cfg.RetryMaxDelay)
 			c.cfg.Logger.Info("handler failed, retrying", "consumer", c.cfg.Name, "message_id", shortID(m.ID),
 				"attempt", m.Attempt, "retry_in", delay, "error", errorText(r.err))
 			out = append(out, c.retryMessage(m, r, delay))
 			outIdx = append(outIdx, i)
-		default:
-			counts["unresolved"]++
 		}
 	}
 	for name, n := range counts {
@@ -418,6 +427,26 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 			return
 		}
 	}
+}
+
+// outcomeName is the outcome attribute of the messages metric.
+func outcomeName(r result) string {
+	if r.outcome == outcomeDeadLettered && r.reason == ReasonPayloadConflict {
+		return "conflict"
+	}
+	return r.outcome.String()
+}
+
+// logDeadLetter logs why m is dead-lettered; conflicts loudly, with both hashes.
+func (c *Consumer) logDeadLetter(m *Message, r result) {
+	if r.reason == ReasonPayloadConflict {
+		c.cfg.Logger.Error("payload conflict: message id reused with a different payload",
+			"consumer", c.cfg.Name, "message_id", shortID(m.ID),
+			"payload_hash", m.Hash.String(), "stored_hash", r.storedHash.String())
+		return
+	}
+	c.cfg.Logger.Warn("dead-lettering message", "consumer", c.cfg.Name,
+		"message_id", shortID(m.ID), "reason", r.reason, "error", errorText(r.err))
 }
 
 // dropAcks counts n settlements skipped because the session died.

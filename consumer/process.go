@@ -30,6 +30,8 @@ const (
 	outcomeRetry
 	// outcomeUnresolved: the batch transaction failed; hand it back to the broker.
 	outcomeUnresolved
+	// outcomeSkipped: not selected by a replay; nothing was done.
+	outcomeSkipped
 )
 
 func (o outcome) String() string {
@@ -42,6 +44,8 @@ func (o outcome) String() string {
 		return "dead_lettered"
 	case outcomeRetry:
 		return "retried"
+	case outcomeSkipped:
+		return "skipped"
 	default:
 		return "unresolved"
 	}
@@ -53,6 +57,7 @@ type result struct {
 	reason     string    // dead-letter reason
 	err        error     // handler error or dead-letter cause
 	storedHash idem.Hash // for payload conflicts
+	inbox      inbox.Decision
 }
 
 // batchError is a failure of the batch transaction as a whole: nothing in it
@@ -129,9 +134,21 @@ func containsNUL(s string) bool {
 	return false
 }
 
-// batchHooks let a source add to the batch transaction.
-type batchHooks struct {
-	// beforeCommit runs last inside the transaction (stream checkpoints).
+// batchOptions change how a batch runs: sources add checkpoints, replays
+// change the inbox scope, run read-only, or re-run selected messages.
+type batchOptions struct {
+	// scope is the inbox consumer name; Config.Name when empty.
+	scope string
+	// readOnly runs a READ ONLY transaction that is always rolled back: the
+	// inbox is looked up, not claimed, and every valid message's handler runs.
+	readOnly bool
+	// only, when set, selects the messages to process; the others are skipped.
+	only func(*Message) bool
+	// rerun runs the handler of selected messages the inbox already holds.
+	rerun bool
+	// messageContext decorates each message's handler context.
+	messageContext func(context.Context, *Message) context.Context
+	// beforeCommit runs last inside the transaction (checkpoints, audit rows).
 	beforeCommit func(ctx context.Context, tx pgx.Tx, results []result) error
 	// afterCommit runs once the commit returned without error (tests use it
 	// to simulate a crash between commit and ack).
@@ -146,12 +163,19 @@ type batchHooks struct {
 // rollback to the savepoint and an unclaim when the handler fails. Dead-letter
 // rows are written in the same transaction. A *batchError means nothing is
 // known to have committed.
-func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batchHooks) (_ []result, err error) {
+func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batchOptions) (_ []result, err error) {
+	scope := opts.scope
+	if scope == "" {
+		scope = c.cfg.Name
+	}
 	results := make([]result, len(msgs))
 	ctxs := make([]context.Context, len(msgs))
 	spans := make([]trace.Span, len(msgs))
 	for i, m := range msgs {
 		ctxs[i], spans[i] = c.tel.startSpan(ctx, m, len(msgs))
+		if opts.messageContext != nil {
+			ctxs[i] = opts.messageContext(ctxs[i], m)
+		}
 	}
 	defer func() {
 		for i, span := range spans {
@@ -163,13 +187,17 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batc
 		}
 	}()
 	c.tel.batch(ctx, len(msgs))
-	tx, err := c.cfg.Pool.Begin(ctx)
+	txOpts := pgx.TxOptions{}
+	if opts.readOnly {
+		txOpts.AccessMode = pgx.ReadOnly
+	}
+	tx, err := c.cfg.Pool.BeginTx(ctx, txOpts)
 	if err != nil {
 		return nil, &batchError{err: fmt.Errorf("begin: %w", err)}
 	}
-	committed := false
+	ended := false
 	defer func() {
-		if !committed {
+		if !ended {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.CommitTimeout)
 			_ = tx.Rollback(rctx)
 			cancel()
@@ -183,7 +211,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batc
 			results[i] = result{outcome: outcomeDeadLettered, reason: m.deadLetter.Reason, err: m.deadLetter.Err}
 			continue
 		}
-		cl := inbox.Claim{Consumer: c.cfg.Name, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
+		if opts.only != nil && !opts.only(m) {
+			results[i] = result{outcome: outcomeSkipped}
+			continue
+		}
+		cl := inbox.Claim{Consumer: scope, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
 		if m.HasOffset {
 			off := m.Offset
 			cl.StreamOffset = &off
@@ -191,57 +223,67 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batc
 		claims = append(claims, cl)
 		index = append(index, i)
 	}
-	var decisions []inbox.Result
-	if len(claims) > 0 {
-		decisions, err = c.inbox.ClaimBatch(ctx, tx, claims)
-		if err != nil {
-			return nil, &batchError{err: err, contention: isContention(err)}
-		}
+	decisions, err := c.decide(ctx, tx, claims, opts.readOnly)
+	if err != nil {
+		return nil, &batchError{err: err, contention: isContention(err)}
 	}
 	htx := handlerTx{tx}
 	savepoint := false
 	for j, d := range decisions {
 		i := index[j]
 		m := msgs[i]
-		switch d.Decision {
-		case inbox.Duplicate:
-			results[i] = result{outcome: outcomeDuplicate}
-		case inbox.Conflict:
-			results[i] = result{outcome: outcomeDeadLettered, reason: ReasonPayloadConflict, storedHash: d.StoredHash,
-				err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", m.Hash, d.StoredHash)}
-		default:
-			stmt := "SAVEPOINT idem_message"
-			if savepoint {
-				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+		results[i].inbox = d.Decision
+		if d.Decision == inbox.Conflict {
+			results[i].storedHash = d.StoredHash
+		}
+		run := d.Decision == inbox.NewMessage || opts.readOnly || (opts.rerun && d.Decision == inbox.Duplicate)
+		if !run {
+			if d.Decision == inbox.Duplicate {
+				results[i].outcome = outcomeDuplicate
+			} else {
+				results[i] = result{outcome: outcomeDeadLettered, reason: ReasonPayloadConflict, storedHash: d.StoredHash, inbox: d.Decision,
+					err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", m.Hash, d.StoredHash)}
 			}
-			if _, err := tx.Exec(ctx, stmt); err != nil {
-				return nil, &batchError{err: fmt.Errorf("savepoint: %w", err)}
-			}
-			savepoint = true
-			start := time.Now()
-			herr := c.callHandler(ctxs[i], htx, m)
-			c.tel.handlerTime(ctx, time.Since(start))
-			if herr == nil {
-				results[i] = result{outcome: outcomeProcessed}
-				continue
-			}
-			if isContention(herr) {
-				return nil, &batchError{err: fmt.Errorf("message %s: %w", shortID(m.ID), herr), contention: true}
-			}
-			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
-				return nil, &batchError{err: fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err)}
-			}
-			if err := c.inbox.Unclaim(ctx, tx, c.cfg.Name, m.ID); err != nil {
+			continue
+		}
+		stmt := "SAVEPOINT idem_message"
+		if savepoint {
+			stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+		}
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return nil, &batchError{err: fmt.Errorf("savepoint: %w", err)}
+		}
+		savepoint = true
+		start := time.Now()
+		herr := c.callHandler(ctxs[i], htx, m)
+		c.tel.handlerTime(ctx, time.Since(start))
+		if herr == nil {
+			results[i].outcome = outcomeProcessed
+			continue
+		}
+		if isContention(herr) && !opts.readOnly {
+			return nil, &batchError{err: fmt.Errorf("message %s: %w", shortID(m.ID), herr), contention: true}
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
+			return nil, &batchError{err: fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err)}
+		}
+		if d.Decision == inbox.NewMessage && !opts.readOnly {
+			if err := c.inbox.Unclaim(ctx, tx, scope, m.ID); err != nil {
 				return nil, &batchError{err: err}
 			}
-			results[i] = c.classify(m, herr)
 		}
+		r := c.classify(m, herr)
+		r.inbox, r.storedHash = d.Decision, results[i].storedHash
+		results[i] = r
+	}
+	if opts.readOnly {
+		return results, nil // the deferred rollback ends the transaction
 	}
 	if err := c.insertDeadLetters(ctx, tx, msgs, results); err != nil {
 		return nil, &batchError{err: err}
 	}
-	if hooks.beforeCommit != nil {
-		if err := hooks.beforeCommit(ctx, tx, results); err != nil {
+	if opts.beforeCommit != nil {
+		if err := opts.beforeCommit(ctx, tx, results); err != nil {
 			return nil, &batchError{err: err, contention: isContention(err)}
 		}
 	}
@@ -250,15 +292,40 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, hooks batc
 	start := time.Now()
 	err = tx.Commit(cctx)
 	c.tel.commitTime(ctx, time.Since(start))
-	committed = true // committed or failed: either way the tx is over
+	ended = true // committed or failed: either way the tx is over
 	if err != nil {
 		return nil, &batchError{err: fmt.Errorf("commit: %w", err), contention: isContention(err)}
 	}
 	c.counts.batches.Add(1)
-	if hooks.afterCommit != nil {
-		hooks.afterCommit()
+	if opts.afterCommit != nil {
+		opts.afterCommit()
 	}
 	return results, nil
+}
+
+// decide claims the messages in the inbox, or, read-only, looks them up.
+func (c *Consumer) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, readOnly bool) ([]inbox.Result, error) {
+	if len(claims) == 0 {
+		return nil, nil
+	}
+	if !readOnly {
+		return c.inbox.ClaimBatch(ctx, tx, claims)
+	}
+	out := make([]inbox.Result, len(claims))
+	for i, cl := range claims {
+		rec, err := c.inbox.Lookup(ctx, tx, cl.Consumer, cl.MessageID)
+		switch {
+		case errors.Is(err, inbox.ErrNotFound):
+			out[i] = inbox.Result{Decision: inbox.NewMessage, StoredHash: cl.PayloadHash}
+		case err != nil:
+			return nil, err
+		case rec.PayloadHash == cl.PayloadHash:
+			out[i] = inbox.Result{Decision: inbox.Duplicate, StoredHash: rec.PayloadHash}
+		default:
+			out[i] = inbox.Result{Decision: inbox.Conflict, StoredHash: rec.PayloadHash}
+		}
+	}
+	return out, nil
 }
 
 // classify turns a handler error into a dead letter or a retry.
@@ -293,7 +360,7 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err 
 // whose delivery limit ends a poison message); while the database does not
 // answer, it is retried until it does or the batch is abandoned (shutdown
 // deadline, or its broker session died).
-func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, hooks batchHooks) []result {
+func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, hooks batchOptions) []result {
 	for attempt := 1; ; attempt++ {
 		res, err := c.processBatch(ctx, msgs, hooks)
 		if err == nil {

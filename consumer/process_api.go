@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 )
 
 // Incoming is a message handed to Process by a source other than the
@@ -39,8 +44,23 @@ type Incoming struct {
 type Outcome struct {
 	// MessageID is the id the inbox used (empty when the message had none).
 	MessageID string
-	// Result is "processed", "duplicate", "dead_lettered", "retried" or "unresolved".
+	// Offset is the stream offset when HasOffset.
+	Offset int64
+	// HasOffset reports whether the message came from a stream.
+	HasOffset bool
+	// Hash is the payload hash.
+	Hash idem.Hash
+	// BusinessKey is the message's business key, when Config.BusinessKey is set.
+	BusinessKey string
+	// Result is "processed", "duplicate", "dead_lettered", "retried",
+	// "skipped" (not selected) or "unresolved".
 	Result string
+	// Inbox is what the inbox held before the message: "new" (not
+	// processed), "duplicate" (processed with the same hash), "conflict"
+	// (another payload under the id), or "" when it was never looked up.
+	Inbox string
+	// StoredHash is the hash the inbox holds, for "duplicate" and "conflict".
+	StoredHash idem.Hash
 	// Reason is the dead-letter reason, for "dead_lettered".
 	Reason string
 	// Err is the handler error or the dead-letter cause.
@@ -54,6 +74,36 @@ type Outcome struct {
 // one has its row in the dead-letter table. Process needs no AMQPURL or
 // Queue; it is what tests (see package consumertest) and custom sources call.
 func (c *Consumer) Process(ctx context.Context, msgs []Incoming) ([]Outcome, error) {
+	return c.ProcessWith(ctx, msgs, BatchOptions{})
+}
+
+// BatchOptions change how ProcessWith runs a batch. Package replay uses
+// them for its modes; the zero value is what Process does.
+type BatchOptions struct {
+	// Scope is the inbox consumer name the batch claims under. Default:
+	// Config.Name. A rebuild replay uses a scope of its own.
+	Scope string
+	// ReadOnly runs a READ ONLY transaction that is always rolled back: the
+	// inbox is looked up instead of claimed, every valid message's handler
+	// runs (and fails if it writes), and nothing is recorded.
+	ReadOnly bool
+	// Only, when set, selects the messages to process; the others are
+	// reported "skipped" and not touched.
+	Only func(m *Message) bool
+	// Rerun runs the handler of (selected) messages the inbox already holds
+	// with the same hash, instead of skipping them as duplicates.
+	Rerun bool
+	// MessageContext, when set, decorates each handler's context (a replay
+	// attaches a ledger capture to it, for instance).
+	MessageContext func(ctx context.Context, m *Message) context.Context
+	// BeforeCommit, when set, runs last inside the batch transaction, after
+	// the handlers, with the outcomes so far (checkpoints and audit rows are
+	// written here). Not called when ReadOnly.
+	BeforeCommit func(ctx context.Context, tx pgx.Tx, outcomes []Outcome) error
+}
+
+// ProcessWith is Process with options.
+func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchOptions) ([]Outcome, error) {
 	if c.handler == nil {
 		return nil, configError("no handler: call Handle before Process")
 	}
@@ -61,16 +111,41 @@ func (c *Consumer) Process(ctx context.Context, msgs []Incoming) ([]Outcome, err
 	for i, in := range msgs {
 		prepared[i] = c.fromIncoming(in)
 	}
-	results, err := c.processBatch(ctx, prepared, batchHooks{})
+	bo := batchOptions{scope: opts.Scope, readOnly: opts.ReadOnly, only: opts.Only, rerun: opts.Rerun,
+		messageContext: opts.MessageContext}
+	if opts.BeforeCommit != nil {
+		bo.beforeCommit = func(ctx context.Context, tx pgx.Tx, results []result) error {
+			return opts.BeforeCommit(ctx, tx, outcomes(prepared, results))
+		}
+	}
+	results, err := c.processBatch(ctx, prepared, bo)
 	if err != nil {
 		return nil, err
 	}
-	c.counts.count(results)
+	if !opts.ReadOnly {
+		c.counts.count(results)
+	}
+	return outcomes(prepared, results), nil
+}
+
+func outcomes(msgs []*Message, results []result) []Outcome {
 	out := make([]Outcome, len(results))
 	for i, r := range results {
-		out[i] = Outcome{MessageID: prepared[i].ID, Result: r.outcome.String(), Reason: r.reason, Err: r.err}
+		m := msgs[i]
+		o := Outcome{MessageID: m.ID, Offset: m.Offset, HasOffset: m.HasOffset, Hash: m.Hash, BusinessKey: m.BusinessKey,
+			Result: r.outcome.String(), Reason: r.reason, Err: r.err}
+		if r.inbox != 0 {
+			o.Inbox = r.inbox.String()
+			switch r.inbox {
+			case inbox.Duplicate:
+				o.StoredHash = m.Hash
+			case inbox.Conflict:
+				o.StoredHash = r.storedHash
+			}
+		}
+		out[i] = o
 	}
-	return out, nil
+	return out
 }
 
 // fromIncoming turns an Incoming into a prepared Message.
@@ -93,7 +168,7 @@ func (c *Consumer) fromIncoming(in Incoming) *Message {
 		m.Headers = map[string]any{}
 	}
 	if m.Source == "" {
-		m.Source = c.cfg.Queue
+		m.Source = c.source
 	}
 	c.prepare(m, in.MessageID)
 	return m

@@ -23,6 +23,9 @@ type Stats struct {
 	AcksDropped int64
 	// Batches counts committed batch transactions.
 	Batches int64
+	// StreamLag is the stream's sampled tail offset minus the checkpoint
+	// (stream consumers only).
+	StreamLag int64
 }
 
 type counters struct {
@@ -32,6 +35,7 @@ type counters struct {
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
 	k := &c.counts
+	lag, _ := c.lag()
 	return Stats{
 		Processed:    k.processed.Load(),
 		Duplicates:   k.duplicates.Load(),
@@ -41,6 +45,7 @@ func (c *Consumer) Stats() Stats {
 		Unresolved:   k.unresolved.Load(),
 		AcksDropped:  k.acksDropped.Load(),
 		Batches:      k.batches.Load(),
+		StreamLag:    lag,
 	}
 }
 

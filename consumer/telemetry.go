@@ -31,7 +31,7 @@ type telemetry struct {
 	baseAttrs    []attribute.KeyValue
 }
 
-func newTelemetry(cfg *Config, source string) (*telemetry, error) {
+func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*telemetry, error) {
 	mp := cfg.MeterProvider
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -71,7 +71,17 @@ func newTelemetry(cfg *Config, source string) (*telemetry, error) {
 		return nil, err
 	}
 	if t.reconnects, err = m.Int64Counter("idem.consumer.reconnects",
-		metric.WithDescription("Broker reconnects.")); err != nil {
+		metric.WithDescription("Broker reconnects (queues) and stream reader restarts.")); err != nil {
+		return nil, err
+	}
+	if _, err = m.Int64ObservableGauge("idem.consumer.stream.lag",
+		metric.WithDescription("Stream tail offset minus the committed checkpoint (sampled every 10s)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if n, ok := lag(); ok {
+				o.Observe(n, metric.WithAttributeSet(t.base))
+			}
+			return nil
+		})); err != nil {
 		return nil, err
 	}
 	return t, nil

@@ -1,0 +1,144 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	streamio.RouteClientLogs(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	os.Exit(m.Run())
+}
+
+// newStream declares a stream for the test and returns its name and a
+// function that appends messages id-from … id-(to-1).
+func newStream(t *testing.T) (string, func(from, to int)) {
+	t.Helper()
+	ctx := context.Background()
+	env, err := streamio.Open(ctx, streamio.Config{URI: streamio.URLFromEnv()})
+	if err != nil {
+		testdb.Unavailable(t, "RabbitMQ stream port", err)
+	}
+	t.Cleanup(func() { _ = env.Close() })
+	name := testdb.Name(t, "s")
+	require.NoError(t, env.DeclareStream(ctx, name, streamio.StreamOptions{}))
+	t.Cleanup(func() { _ = env.DeleteStream(context.Background(), name) })
+	publish := func(from, to int) {
+		var out []streamio.Outgoing
+		for i := from; i < to; i++ {
+			out = append(out, streamio.Outgoing{MessageID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		}
+		require.NoError(t, env.Publish(ctx, name, out))
+	}
+	return name, publish
+}
+
+func (e *env) streamConsumer(stream string, h Handler, edit func(*Config)) *Consumer {
+	return e.newConsumer(h, func(cfg *Config) {
+		cfg.Queue = ""
+		cfg.Stream = stream
+		if edit != nil {
+			edit(cfg)
+		}
+	})
+}
+
+func (e *env) checkpoint(stream string) int64 {
+	last, ok, err := Checkpoint(context.Background(), e.pool, e.tables, "test", stream)
+	require.NoError(e.t, err)
+	if !ok {
+		return -1
+	}
+	return last
+}
+
+func TestStreamConsumerResumesAfterItsCheckpointAndAppliesOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stream, publish := newStream(t)
+	publish(0, 300)
+	c := e.streamConsumer(stream, e.effectHandler(), nil)
+	stop := start(t, c)
+	waitFor(t, 30*time.Second, "checkpoint at 299", func() bool { return e.checkpoint(stream) == 299 })
+	stop()
+
+	publish(300, 400)
+	publish(250, 300) // a producer that republished: same ids, same bodies
+	c2 := e.streamConsumer(stream, e.effectHandler(), nil)
+	start(t, c2)
+	waitFor(t, 30*time.Second, "checkpoint at the new tail", func() bool { return e.checkpoint(stream) == 449 })
+	eff := e.effects()
+	require.Len(t, eff, 400)
+	for id, n := range eff {
+		require.Equal(t, 1, n, "message %s applied %d times", id, n)
+	}
+	s := c2.Stats()
+	require.EqualValues(t, 100, s.Processed, "the second run starts after the checkpoint")
+	require.EqualValues(t, 50, s.Duplicates)
+}
+
+func TestStreamHandlerErrorRetriesInPlaceWithoutPassingTheCheckpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stream, publish := newStream(t)
+	publish(0, 20)
+	var fails atomic.Int32
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if m.ID == "m-10" && fails.Add(1) <= 2 {
+			return errors.New("not yet")
+		}
+		if m.ID == "m-15" {
+			return Permanent(errors.New("never"))
+		}
+		return e.effectHandler()(ctx, tx, m)
+	}
+	c := e.streamConsumer(stream, h, func(cfg *Config) { cfg.RetryBaseDelay = 200 * time.Millisecond })
+	start(t, c)
+	waitFor(t, 10*time.Second, "first attempt failed", func() bool { return fails.Load() >= 1 })
+	if fails.Load() < 3 {
+		require.Less(t, e.checkpoint(stream), int64(10), "the checkpoint passed a message that was not settled")
+	}
+	waitFor(t, 30*time.Second, "checkpoint at 19", func() bool { return e.checkpoint(stream) == 19 })
+	eff := e.effects()
+	require.Len(t, eff, 19)
+	require.Equal(t, 1, eff["m-10"])
+	require.NotContains(t, eff, "m-15")
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM `+e.tables.Table("dead_letters")+` WHERE message_id = 'm-15' AND reason = 'permanent'`))
+}
+
+func TestStreamStandbyTakesOverWhenTheActiveReaderStops(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stream, publish := newStream(t)
+	publish(0, 200)
+	active := e.streamConsumer(stream, e.effectHandler(), nil)
+	stopActive := start(t, active)
+	waitFor(t, 30*time.Second, "active reader done", func() bool { return e.checkpoint(stream) == 199 })
+	standby := e.streamConsumer(stream, e.effectHandler(), nil)
+	start(t, standby)
+	publish(200, 300)
+	waitFor(t, 30*time.Second, "active reader took the new messages", func() bool { return e.checkpoint(stream) == 299 })
+	require.Zero(t, standby.Stats().Processed, "the standby must not read while the active reader holds the lock")
+
+	stopActive()
+	publish(300, 400)
+	waitFor(t, 30*time.Second, "standby took over", func() bool { return e.checkpoint(stream) == 399 })
+	require.EqualValues(t, 100, standby.Stats().Processed)
+	eff := e.effects()
+	require.Len(t, eff, 400)
+	for id, n := range eff {
+		require.Equal(t, 1, n, "message %s applied %d times", id, n)
+	}
+}
