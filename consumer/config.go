@@ -76,6 +76,10 @@ type Config struct {
 	// dead-lettered with reason "max_attempts". Default: 5.
 	MaxAttempts int
 
+	// MaxHeaders is the largest number of headers a message may carry;
+	// more are dead-lettered with reason "too_many_headers". Default: 256.
+	MaxHeaders int
+
 	// MaxIDBytes is the longest accepted message id. Default: 512.
 	MaxIDBytes int
 
@@ -184,6 +188,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxAttempts <= 0 {
 		c.MaxAttempts = 5
+	}
+	if c.MaxHeaders <= 0 {
+		c.MaxHeaders = 256
 	}
 	if c.MaxIDBytes <= 0 {
 		c.MaxIDBytes = 512

@@ -15,6 +15,7 @@ const (
 	ReasonPermanent        = "permanent"
 	ReasonMaxAttempts      = "max_attempts"
 	ReasonTooLarge         = "message_too_large"
+	ReasonTooManyHeaders   = "too_many_headers"
 	ReasonInvalidKey       = "invalid_business_key"
 )
 

@@ -80,13 +80,21 @@ func isContention(err error) bool {
 // business key) and marks messages that cannot be processed. rawID is the
 // AMQP message-id property (or the stream's message id).
 func (c *Consumer) prepare(m *Message, rawID string) {
+	m.rawID = rawID
 	if len(m.Body) > c.cfg.MaxMessageBytes {
+		c.tel.limit("message_bytes")
 		m.deadLetter = &DeadLetterError{Reason: ReasonTooLarge,
 			Err: fmt.Errorf("body has %d bytes, limit is %d", len(m.Body), c.cfg.MaxMessageBytes)}
 		m.Hash = idem.HashBytes(m.Body)
 		return
 	}
-	m.rawID = rawID
+	if len(m.Headers) > c.cfg.MaxHeaders {
+		c.tel.limit("headers")
+		m.deadLetter = &DeadLetterError{Reason: ReasonTooManyHeaders,
+			Err: fmt.Errorf("message has %d headers, limit is %d", len(m.Headers), c.cfg.MaxHeaders)}
+		m.Hash = idem.HashBytes(m.Body)
+		return
+	}
 	h, err := c.cfg.Hash(m.Body)
 	if err != nil {
 		m.Hash = idem.HashBytes(m.Body)
@@ -103,6 +111,7 @@ func (c *Consumer) prepare(m *Message, rawID string) {
 		m.deadLetter = &DeadLetterError{Reason: ReasonMissingMessageID, Err: errMissingID}
 		return
 	case len(id) > c.cfg.MaxIDBytes:
+		c.tel.limit("id_bytes")
 		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID,
 			Err: fmt.Errorf("message id has %d bytes, limit is %d", len(id), c.cfg.MaxIDBytes)}
 		m.ID = id[:64]

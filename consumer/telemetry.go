@@ -27,6 +27,7 @@ type telemetry struct {
 	batchRetries metric.Int64Counter
 	acksDropped  metric.Int64Counter
 	reconnects   metric.Int64Counter
+	limits       metric.Int64Counter
 	base         attribute.Set
 	baseAttrs    []attribute.KeyValue
 }
@@ -74,6 +75,10 @@ func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*teleme
 		metric.WithDescription("Broker reconnects (queues) and stream reader restarts.")); err != nil {
 		return nil, err
 	}
+	if t.limits, err = m.Int64Counter("idem.consumer.limits",
+		metric.WithDescription("Messages dead-lettered by a limit: message_bytes, headers, id_bytes.")); err != nil {
+		return nil, err
+	}
 	if _, err = m.Int64ObservableGauge("idem.consumer.stream.lag",
 		metric.WithDescription("Stream tail offset minus the committed checkpoint (sampled every 10s)."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
@@ -115,6 +120,10 @@ func (t *telemetry) batchRetry(ctx context.Context, contention bool) {
 
 func (t *telemetry) ackDropped(ctx context.Context, n int) {
 	t.acksDropped.Add(ctx, int64(n), metric.WithAttributeSet(t.base))
+}
+
+func (t *telemetry) limit(name string) {
+	t.limits.Add(context.Background(), 1, t.with(attribute.String("limit", name)))
 }
 
 func (t *telemetry) reconnect(ctx context.Context) {

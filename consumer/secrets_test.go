@@ -1,0 +1,57 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestBrokerPasswordNeverAppearsInLogsOrErrors(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	var logs syncBuffer
+	c, err := New(Config{
+		Name: "secrets", Pool: pool, Queue: "q",
+		AMQPURL:           "amqp://user:s3cr3t-pa55@127.0.0.1:1/",
+		Logger:            slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		ReconnectMaxDelay: 20 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	c.Handle(func(context.Context, pgx.Tx, *Message) error { return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	require.NoError(t, c.Run(ctx))
+	require.Contains(t, logs.String(), "broker unavailable", "the test must have logged connection failures")
+	require.NotContains(t, logs.String(), "s3cr3t-pa55")
+
+	err = c.Declare(context.Background())
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cr3t-pa55")
+	require.Equal(t, "amqp://user:xxxxx@127.0.0.1:1/", redactURL("amqp://user:s3cr3t-pa55@127.0.0.1:1/"))
+}
