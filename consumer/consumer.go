@@ -41,6 +41,10 @@ type Consumer struct {
 	// the stream's last sampled tail, for the lag metric.
 	checkpoint, tail atomic.Int64
 
+	// careful counts down the batches that run with savepoints after a
+	// handler failed in an optimistic batch.
+	careful atomic.Int64
+
 	// afterCommit, when set by tests of this package, runs after each
 	// successful commit and before the acks: the crash window of invariant 2.
 	afterCommit func()
@@ -389,7 +393,7 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 	for name, n := range counts {
 		c.tel.outcome(ctx, name, n)
 	}
-	c.counts.count(results)
+	defer c.counts.count(results) // once the broker has been told
 	if !s.alive() {
 		c.dropAcks(ctx, len(batch))
 		return

@@ -155,6 +155,10 @@ type batchOptions struct {
 	only func(*Message) bool
 	// rerun runs the handler of selected messages the inbox already holds.
 	rerun bool
+	// savepoints puts each handler in a savepoint of its own. Without it a
+	// batch runs optimistically, and the first handler error sends the
+	// whole batch back to run again with savepoints (errNeedSavepoints).
+	savepoints bool
 	// messageContext decorates each message's handler context.
 	messageContext func(context.Context, *Message) context.Context
 	// beforeCommit runs last inside the transaction (checkpoints, audit rows).
@@ -168,10 +172,12 @@ type batchOptions struct {
 }
 
 // processBatch runs msgs in one transaction: one claim statement for the
-// batch, then per new message a savepoint, the handler, and release — or a
-// rollback to the savepoint and an unclaim when the handler fails. Dead-letter
-// rows are written in the same transaction. A *batchError means nothing is
-// known to have committed.
+// batch, then the handlers, one commit. With savepoints, each handler runs in
+// a savepoint of its own, so that a failure rolls back only its message (and
+// unclaims it). Without, handlers run back to back, saving a round trip per
+// message, and the first failure abandons the batch with errNeedSavepoints.
+// Dead-letter rows are written in the same transaction. A *batchError means
+// nothing is known to have committed.
 func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batchOptions) (_ []result, err error) {
 	scope := opts.scope
 	if scope == "" {
@@ -237,6 +243,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		return nil, &batchError{err: err, contention: isContention(err)}
 	}
 	htx := handlerTx{tx}
+	careful := opts.savepoints || opts.readOnly || opts.rerun
 	savepoint := false
 	for j, d := range decisions {
 		i := index[j]
@@ -255,23 +262,34 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 			}
 			continue
 		}
-		stmt := "SAVEPOINT idem_message"
-		if savepoint {
-			stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+		if careful {
+			stmt := "SAVEPOINT idem_message"
+			if savepoint {
+				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+			}
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return nil, &batchError{err: fmt.Errorf("savepoint: %w", err)}
+			}
+			savepoint = true
 		}
-		if _, err := tx.Exec(ctx, stmt); err != nil {
-			return nil, &batchError{err: fmt.Errorf("savepoint: %w", err)}
-		}
-		savepoint = true
 		start := time.Now()
 		herr := c.callHandler(ctxs[i], htx, m)
 		c.tel.handlerTime(ctx, time.Since(start))
+		if herr == nil && tx.Conn().PgConn().TxStatus() == 'E' {
+			// The handler swallowed a failed statement: its work is not there.
+			herr = errAbortedByHandler
+		}
 		if herr == nil {
 			results[i].outcome = outcomeProcessed
 			continue
 		}
 		if isContention(herr) && !opts.readOnly {
 			return nil, &batchError{err: fmt.Errorf("message %s: %w", shortID(m.ID), herr), contention: true}
+		}
+		if !careful {
+			// Without savepoints the failure cannot be undone alone: run
+			// the batch again, this time with a savepoint per message.
+			return nil, errNeedSavepoints
 		}
 		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
 			return nil, &batchError{err: fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err)}
@@ -337,6 +355,17 @@ func (c *Consumer) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, 
 	return out, nil
 }
 
+// errNeedSavepoints abandons an optimistic batch whose handler failed.
+var errNeedSavepoints = errors.New("consumer: a handler failed; run the batch with savepoints")
+
+// errAbortedByHandler is the error of a handler that returned nil although
+// one of its statements failed and aborted the transaction.
+var errAbortedByHandler = errors.New("handler returned nil, but a statement it ran failed and aborted the transaction")
+
+// carefulBatches is how many batches run with savepoints after a handler
+// failed in an optimistic one: failures tend to come in runs.
+const carefulBatches = 16
+
 // classify turns a handler error into a dead letter or a retry.
 func (c *Consumer) classify(m *Message, herr error) result {
 	if reason, ok := deadLetterReason(herr); ok {
@@ -369,9 +398,18 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err 
 // whose delivery limit ends a poison message); while the database does not
 // answer, it is retried until it does or the batch is abandoned (shutdown
 // deadline, or its broker session died).
-func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, hooks batchOptions) []result {
+func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, opts batchOptions) []result {
 	for attempt := 1; ; attempt++ {
-		res, err := c.processBatch(ctx, msgs, hooks)
+		opts.savepoints = c.careful.Load() > 0
+		if opts.savepoints {
+			c.careful.Add(-1)
+		}
+		res, err := c.processBatch(ctx, msgs, opts)
+		if errors.Is(err, errNeedSavepoints) {
+			c.careful.Store(carefulBatches)
+			opts.savepoints = true
+			res, err = c.processBatch(ctx, msgs, opts)
+		}
 		if err == nil {
 			return res
 		}
@@ -380,12 +418,12 @@ func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, hooks batchOpt
 		c.cfg.Logger.Warn("batch failed, retrying", "consumer", c.cfg.Name, "size", len(msgs), "attempt", attempt,
 			"contention", contention, "error", err)
 		c.tel.batchRetry(ctx, contention)
-		if ctx.Err() != nil || closed(hooks.abandon) {
+		if ctx.Err() != nil || closed(opts.abandon) {
 			return unresolved(len(msgs), err)
 		}
 		if len(msgs) > 1 && (attempt >= c.cfg.BatchRetries || (contention && attempt >= 2)) {
 			half := len(msgs) / 2
-			return append(c.runBatch(ctx, msgs[:half], hooks), c.runBatch(ctx, msgs[half:], hooks)...)
+			return append(c.runBatch(ctx, msgs[:half], opts), c.runBatch(ctx, msgs[half:], opts)...)
 		}
 		if attempt >= c.cfg.BatchRetries && c.databaseAnswers(ctx) {
 			return unresolved(len(msgs), err)

@@ -119,6 +119,10 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 		}
 	}
 	results, err := c.processBatch(ctx, prepared, bo)
+	if errors.Is(err, errNeedSavepoints) {
+		bo.savepoints = true
+		results, err = c.processBatch(ctx, prepared, bo)
+	}
 	if err != nil {
 		return nil, err
 	}
