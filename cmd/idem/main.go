@@ -5,6 +5,9 @@
 //	idem migrate [--print-sql] [--schema S] [--prefix P]
 //	idem inbox show --consumer C --id ID
 //	idem inbox stats
+//	idem inbox cleanup --older-than 168h [--consumer C]
+//	idem ledger list [--status unknown] | show ID | resolve ID --as succeeded|failed|retry --reason "…" | stats
+//	idem deadletters list [--consumer C] [--id ID] [--reason R]
 //
 // Every command reads IDEM_PG_URL (or --pg-url) for the database.
 package main

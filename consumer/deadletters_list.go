@@ -1,0 +1,92 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// DeadLetterRecord is one row of the dead-letter table: what an operator needs to
+// answer "what happened to message X".
+type DeadLetterRecord struct {
+	// ID is the row's id.
+	ID int64
+	// Consumer is the consumer that dead-lettered the message.
+	Consumer string
+	// MessageID is the message's id ("" when it had none).
+	MessageID string
+	// PayloadHash is the hash of the dead-lettered payload.
+	PayloadHash idem.Hash
+	// StoredHash is the inbox's hash for the id, for payload conflicts.
+	StoredHash *idem.Hash
+	// Reason is the dead-letter reason (payload_conflict, max_attempts, …).
+	Reason string
+	// Error is the handler error or cause, truncated.
+	Error string
+	// Source is the queue or stream; Exchange and RoutingKey the original route.
+	Source, Exchange, RoutingKey string
+	// Attempts is how many times the message was tried.
+	Attempts int
+	// Payload is the body, when the consumer stores payloads.
+	Payload []byte
+	// At is when the dead letter committed.
+	At time.Time
+}
+
+// DeadLetterFilter selects dead letters; zero fields match everything.
+type DeadLetterFilter struct {
+	// Consumer, MessageID and Reason match exactly when set.
+	Consumer, MessageID, Reason string
+	// Limit caps the rows returned, newest first. Default: 100.
+	Limit int
+}
+
+// ListDeadLetters returns the dead letters matching f, newest first.
+func ListDeadLetters(ctx context.Context, q interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, tables idem.Tables, f DeadLetterFilter) ([]DeadLetterRecord, error) {
+	var where []string
+	var args []any
+	for _, c := range []struct{ col, val string }{{"consumer", f.Consumer}, {"message_id", f.MessageID}, {"reason", f.Reason}} {
+		if c.val != "" {
+			args = append(args, c.val)
+			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
+		}
+	}
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	args = append(args, f.Limit)
+	sql := `SELECT id, consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key,
+		attempts, payload, dead_lettered_at FROM ` + tables.WithDefaults().Table("dead_letters")
+	if len(where) > 0 {
+		sql += " WHERE " + strings.Join(where, " AND ")
+	}
+	sql += fmt.Sprintf(" ORDER BY id DESC LIMIT $%d", len(args))
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterRecord, error) {
+		var d DeadLetterRecord
+		var hash, stored []byte
+		if err := r.Scan(&d.ID, &d.Consumer, &d.MessageID, &hash, &stored, &d.Reason, &d.Error, &d.Source,
+			&d.Exchange, &d.RoutingKey, &d.Attempts, &d.Payload, &d.At); err != nil {
+			return d, err
+		}
+		d.PayloadHash, _ = idem.HashFromBytes(hash)
+		if h, err := idem.HashFromBytes(stored); err == nil {
+			d.StoredHash = &h
+		}
+		return d, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+	}
+	return out, nil
+}
