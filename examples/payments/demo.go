@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/ledger"
+)
+
+// demoConfig is everything a demo run needs.
+type demoConfig struct {
+	pool    *pgxpool.Pool
+	tables  idem.Tables
+	publish publishConfig
+	faults  faults
+	// gatewayTimeout bounds one gateway call.
+	gatewayTimeout time.Duration
+	// timeout bounds the wait for everything to settle.
+	timeout time.Duration
+	// logger receives progress; the worker's own logs go to workerLog.
+	logger, workerLog *slog.Logger
+	out               io.Writer
+}
+
+// runDemo is the demo subcommand.
+func runDemo(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("payments demo", flag.ContinueOnError)
+	svc := serviceFlags(fs)
+	pub := publishFlags(fs)
+	f := faultFlags(fs, faults{FailRate: 0.1, DropAfterChargeRate: 0.05})
+	gatewayTimeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
+	timeout := fs.Duration("timeout", 3*time.Minute, "how long to wait for every message and capture to settle")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pool, tables, err := svc.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pub.amqpURL, pub.bad = svc.amqpURL, true
+	return demo(ctx, demoConfig{
+		pool: pool, tables: tables, publish: *pub, faults: *f,
+		gatewayTimeout: *gatewayTimeout, timeout: *timeout,
+		logger: newLogger(slog.LevelInfo), workerLog: newLogger(slog.LevelError), out: os.Stdout,
+	})
+}
+
+// demo starts a gateway on a free port and a worker, publishes capture
+// requests with duplicates, producer retries and bad messages, waits until
+// every message is settled and every capture is done, then prints the
+// gateway's stats and checks that each capture request was charged once.
+func demo(ctx context.Context, cfg demoConfig) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("demo: gateway listener: %w", err)
+	}
+	defer ln.Close()
+	gatewayURL := "http://" + ln.Addr().String()
+	g := newGateway(cfg.faults, cfg.workerLog)
+	w, err := newWorker(workerConfig{
+		pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
+		gatewayURL: gatewayURL, client: &http.Client{Timeout: cfg.gatewayTimeout}, logger: cfg.workerLog,
+		tuneDispatcher: func(d *ledger.DispatcherConfig) {
+			d.PollInterval = 200 * time.Millisecond
+			d.RetryBackoff = 50 * time.Millisecond
+			d.RetryBackoffMax = time.Second
+		},
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.consumer.Declare(ctx); err != nil {
+		return err
+	}
+	// Leftovers of an interrupted run would be counted as this run's.
+	if err := purge(cfg.publish.amqpURL, cfg.publish.queue); err != nil {
+		return err
+	}
+
+	var rep demoReport
+	err = runAll(ctx,
+		func(ctx context.Context) error { return serveGateway(ctx, ln, g) },
+		w.run,
+		func(ctx context.Context) error {
+			var err error
+			rep, err = drive(ctx, cfg, w.consumer, gatewayURL)
+			return err
+		},
+	)
+	if err != nil {
+		return err
+	}
+	return rep.print(cfg.out)
+}
+
+// demoReport is what a demo run observed.
+type demoReport struct {
+	pub       published
+	took      time.Duration
+	consumer  consumer.Stats
+	gateway   gatewayStats
+	rawStats  []byte
+	payments  int
+	effects   map[ledger.Status]int
+	dead      map[string]int // dead_letters rows of the run, by reason
+	dlq       int            // messages in the dead-letter queue
+	dlqName   string
+	deadTable string
+}
+
+// drive publishes, waits until everything is settled and collects the report.
+func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL string) (demoReport, error) {
+	rep := demoReport{dlqName: cfg.publish.queue + ".dlq", deadTable: cfg.tables.Table("dead_letters")}
+	start := time.Now()
+	var err error
+	if rep.pub, err = publish(ctx, cfg.publish); err != nil {
+		return rep, err
+	}
+	cfg.logger.Info("published", "messages", rep.pub.messages, "captures", rep.pub.captures,
+		"duplicates", rep.pub.dups, "producer_retries", rep.pub.retries, "prefix", rep.pub.prefix)
+	like := rep.pub.prefix + "-%"
+	deadline := time.Now().Add(cfg.timeout)
+	lastLog := time.Now()
+	for {
+		s := c.Stats()
+		settled := s.Processed + s.Duplicates + s.DeadLettered
+		open, err := count(ctx, cfg.pool, `SELECT count(*) FROM `+cfg.tables.Table("ledger")+
+			` WHERE business_key LIKE $1 AND status IN ('pending', 'in_flight', 'failed_retryable')`, like)
+		if err != nil {
+			return rep, err
+		}
+		if settled >= int64(rep.pub.messages) && open == 0 {
+			// The runtime counts a dead letter before its publish to the
+			// dead-letter queue is confirmed.
+			if rep.dlq, err = queueDepth(cfg.publish.amqpURL, rep.dlqName); err != nil {
+				return rep, err
+			}
+			if rep.dlq >= total(rep.pub.deadLetters) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return rep, fmt.Errorf("demo: not settled after %s: %d of %d messages, %d captures still open, %d dead letters in %s",
+				cfg.timeout, settled, rep.pub.messages, open, rep.dlq, rep.dlqName)
+		}
+		if time.Since(lastLog) >= time.Second {
+			cfg.logger.Info("waiting", "settled", settled, "messages", rep.pub.messages, "open_captures", open)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return rep, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	rep.took = time.Since(start)
+	rep.consumer = c.Stats()
+	if rep.rawStats, rep.gateway, err = fetchStats(ctx, gatewayURL); err != nil {
+		return rep, err
+	}
+	if rep.payments, err = count(ctx, cfg.pool, `SELECT count(*) FROM `+paymentsTable(cfg.tables)+
+		` WHERE capture_request_id LIKE $1`, like); err != nil {
+		return rep, err
+	}
+	if rep.effects, err = groupCount[ledger.Status](ctx, cfg.pool, `SELECT status, count(*) FROM `+cfg.tables.Table("ledger")+
+		` WHERE business_key LIKE $1 GROUP BY status`, like); err != nil {
+		return rep, err
+	}
+	rep.dead, err = groupCount[string](ctx, cfg.pool, `SELECT reason, count(*) FROM `+rep.deadTable+
+		` WHERE consumer = $2 AND message_id LIKE $1 GROUP BY reason`, like, consumerName)
+	return rep, err
+}
+
+// print writes the report and the checks; it fails if a check does.
+func (r demoReport) print(out io.Writer) error {
+	p, s := r.pub, r.consumer
+	fmt.Fprintf(out, "\nidem payments demo\n")
+	fmt.Fprintf(out, "  messages published  %6d  (%d distinct capture requests, %d re-published, %d producer retries, %d bad)\n",
+		p.messages, p.captures, p.dups, p.retries, p.bad)
+	fmt.Fprintf(out, "  consumer            %6d processed (business duplicates included), %d duplicates skipped, %d dead-lettered (%d conflict)\n",
+		s.Processed, s.Duplicates, s.DeadLettered, s.Conflicts)
+	fmt.Fprintf(out, "  capture effects     %6d  %s\n", total(r.effects), describeCounts(r.effects))
+	fmt.Fprintf(out, "  dead letters        %6d  %s (%s; %d in %s)\n", total(r.dead), describeCounts(r.dead), r.deadTable, r.dlq, r.dlqName)
+	fmt.Fprintf(out, "  took                %6.1fs\n", r.took.Seconds())
+	fmt.Fprintf(out, "  gateway /stats      %s\n\n", strings.TrimSpace(string(r.rawStats)))
+
+	g := r.gateway
+	checks := []struct {
+		ok   bool
+		what string
+	}{
+		{g.DoubleCharges == 0, fmt.Sprintf("double_charges == 0 (got %d)", g.DoubleCharges)},
+		{g.Charges == int64(p.captures) && g.DistinctCaptures == int64(p.captures),
+			fmt.Sprintf("charges (%d) == distinct captureRequestIds (%d)", g.Charges, p.captures)},
+		{r.payments == p.captures, fmt.Sprintf("one payment row per captureRequestId (%d rows, %d requests)", r.payments, p.captures)},
+		{r.effects[ledger.StatusSucceeded] == p.captures && total(r.effects) == p.captures,
+			fmt.Sprintf("one succeeded capture effect per captureRequestId (%d of %d)", r.effects[ledger.StatusSucceeded], p.captures)},
+		{equalCounts(r.dead, p.deadLetters), fmt.Sprintf("bad messages in the dead_letters table with their reasons (want %s)", describeCounts(p.deadLetters))},
+		{r.dlq == total(p.deadLetters), fmt.Sprintf("bad messages in %s (%d of %d)", r.dlqName, r.dlq, total(p.deadLetters))},
+	}
+	failed := 0
+	for _, c := range checks {
+		mark := "OK  "
+		if !c.ok {
+			mark, failed = "FAIL", failed+1
+		}
+		fmt.Fprintf(out, "  %s %s\n", mark, c.what)
+	}
+	if failed > 0 {
+		fmt.Fprintf(out, "\npayments check: FAIL (%d of %d checks)\n", failed, len(checks))
+		return errors.New("payments check failed")
+	}
+	fmt.Fprintf(out, "\npayments check: OK — every capture request charged exactly once\n")
+	return nil
+}
+
+// fetchStats reads GET /stats from the gateway.
+func fetchStats(ctx context.Context, gatewayURL string) ([]byte, gatewayStats, error) {
+	var s gatewayStats
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, gatewayURL+"/stats", nil)
+	if err != nil {
+		return nil, s, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, s, fmt.Errorf("gateway stats: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, s, fmt.Errorf("gateway stats: %w", err)
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, s, fmt.Errorf("gateway stats: %w", err)
+	}
+	return raw, s, nil
+}
+
+// purge empties the queue, its retry queue and its dead-letter queue.
+func purge(amqpURL, queue string) error {
+	return withChannel(amqpURL, func(ch *amqp.Channel) error {
+		for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
+			if _, err := ch.QueuePurge(q, false); err != nil {
+				return fmt.Errorf("purge %s: %w", q, err)
+			}
+		}
+		return nil
+	})
+}
+
+// queueDepth is the number of ready messages in queue.
+func queueDepth(amqpURL, queue string) (int, error) {
+	var n int
+	err := withChannel(amqpURL, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	return n, err
+}
+
+func withChannel(amqpURL string, fn func(*amqp.Channel) error) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return fmt.Errorf("connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return fn(ch)
+}
+
+func count(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (int, error) {
+	var n int
+	err := pool.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
+}
+
+// groupCount runs a query returning (key, count) rows.
+func groupCount[K ~string](ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (map[K]int, error) {
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	out := map[K]int{}
+	var (
+		k string
+		n int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&k, &n}, func() error {
+		out[K(k)] = n
+		return nil
+	})
+	return out, err
+}
+
+func total[K comparable](m map[K]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func equalCounts(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// describeCounts renders a count map as "a 1, b 2", sorted by key.
+func describeCounts[K ~string](m map[K]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, string(k))
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[K(k)])
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// publishConfig says what a publish run sends.
+type publishConfig struct {
+	amqpURL, queue string
+	// n is the number of distinct capture requests.
+	n int
+	// dup is the fraction of messages published a second time with the same
+	// message id and body (a broker-level duplicate).
+	dup float64
+	// retry is the fraction of capture requests sent again under a new
+	// message id (a producer that retried: a business duplicate).
+	retry float64
+	// bad adds invalid envelopes and a message id reused with another payload.
+	bad bool
+}
+
+// published is what a publish run sent.
+type published struct {
+	// prefix starts every message id and captureRequestId of the run.
+	prefix string
+	// messages counts everything sent, copies included.
+	messages int
+	// captures counts the distinct valid captureRequestIds: each must be
+	// charged exactly once.
+	captures int
+	// dups and retries count the copies sent.
+	dups, retries int
+	// bad counts the bad messages sent.
+	bad int
+	// deadLetters counts the messages that must end in the dead-letter
+	// queue, by reason.
+	deadLetters map[string]int
+}
+
+// badMessages are the messages publish -bad sends, for run prefix p: four
+// invalid envelopes and a message id used for two different payloads (one
+// copy is processed, whichever the inbox claims first; the other is the
+// payload conflict).
+func badMessages(p string) []amqp.Publishing {
+	valid := func(cr string, amount int) []byte {
+		return fmt.Appendf(nil, `{"schemaVersion":1,"captureRequestId":%q,"orderId":"o-bad","amount":%d,"currency":"EUR"}`, p+"-"+cr, amount)
+	}
+	return []amqp.Publishing{
+		{MessageId: p + "-bad-no-correlation-id", Body: valid("cr-no-correlation-id", 100)},
+		{MessageId: p + "-bad-schema-version", CorrelationId: p + "-corr-bad",
+			Body: fmt.Appendf(nil, `{"schemaVersion":2,"captureRequestId":%q,"orderId":"o-bad","amount":100,"currency":"EUR"}`, p+"-cr-schema-version")},
+		{MessageId: p + "-bad-no-capture-request-id", CorrelationId: p + "-corr-bad",
+			Body: []byte(`{"schemaVersion":1,"orderId":"o-bad","amount":100,"currency":"EUR"}`)},
+		{MessageId: p + "-bad-malformed", CorrelationId: p + "-corr-bad", Body: []byte(`{"schemaVersion":1,"captureRequestId":`)},
+		{MessageId: p + "-bad-conflict", CorrelationId: p + "-corr-bad", Body: valid("cr-conflict", 100)},
+		{MessageId: p + "-bad-conflict", CorrelationId: p + "-corr-bad", Body: valid("cr-conflict", 200)},
+	}
+}
+
+// publish sends cfg.n capture requests with publisher confirms, plus the
+// duplicates, producer retries and bad messages cfg asks for.
+func publish(ctx context.Context, cfg publishConfig) (published, error) {
+	var run [4]byte
+	_, _ = rand.Read(run[:])
+	res := published{prefix: "pay-" + hex.EncodeToString(run[:]), deadLetters: map[string]int{}}
+	conn, err := amqp.Dial(cfg.amqpURL)
+	if err != nil {
+		return res, fmt.Errorf("connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return res, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return res, err
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	var pending []*amqp.DeferredConfirmation
+	flush := func() error {
+		for _, dc := range pending {
+			ok, err := dc.WaitContext(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.New("the broker refused a message")
+			}
+		}
+		pending = pending[:0]
+		select {
+		case r := <-returns:
+			return fmt.Errorf("message %s was unroutable (%s): is queue %s declared? start the worker first", r.MessageId, r.ReplyText, cfg.queue)
+		default:
+			return nil
+		}
+	}
+	send := func(m amqp.Publishing) error {
+		m.ContentType, m.DeliveryMode, m.Timestamp = "application/json", amqp.Persistent, time.Now()
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", cfg.queue, true, false, m)
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", m.MessageId, err)
+		}
+		res.messages++
+		pending = append(pending, dc)
+		if len(pending) >= 500 {
+			return flush()
+		}
+		return nil
+	}
+	currencies := []string{"EUR", "USD", "GBP"}
+	for i := range cfg.n {
+		body, _ := json.Marshal(captureRequested{
+			SchemaVersion:    ptr(schemaVersion),
+			CaptureRequestID: fmt.Sprintf("%s-cr-%d", res.prefix, i),
+			OrderID:          fmt.Sprintf("o-%d", i),
+			Amount:           ptr(int64(mrand.IntN(100000) + 100)),
+			Currency:         currencies[i%len(currencies)],
+		})
+		m := amqp.Publishing{MessageId: fmt.Sprintf("%s-m-%d", res.prefix, i), CorrelationId: fmt.Sprintf("%s-corr-%d", res.prefix, i), Body: body}
+		if err := send(m); err != nil {
+			return res, err
+		}
+		res.captures++
+		if mrand.Float64() < cfg.dup {
+			res.dups++
+			if err := send(m); err != nil {
+				return res, err
+			}
+		}
+		if mrand.Float64() < cfg.retry {
+			res.retries++
+			m.MessageId += "-retry"
+			if err := send(m); err != nil {
+				return res, err
+			}
+		}
+	}
+	if cfg.bad {
+		for _, m := range badMessages(res.prefix) {
+			res.bad++
+			if err := send(m); err != nil {
+				return res, err
+			}
+		}
+		res.captures++ // the conflict's processed copy
+		res.deadLetters[reasonInvalidEnvelope] += 4
+		res.deadLetters["payload_conflict"]++
+	}
+	return res, flush()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// runPublish is the publish subcommand.
+func runPublish(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("payments publish", flag.ContinueOnError)
+	cfg := publishFlags(fs)
+	fs.BoolVar(&cfg.bad, "bad", false, "also send invalid envelopes and a message id reused with another payload")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.amqpURL = envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	start := time.Now()
+	res, err := publish(ctx, *cfg)
+	if err != nil {
+		return err
+	}
+	newLogger(slog.LevelInfo).Info("published", "queue", cfg.queue, "prefix", res.prefix, "messages", res.messages,
+		"captures", res.captures, "duplicates", res.dups, "producer_retries", res.retries,
+		"bad", res.bad, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// publishFlags registers the publishing flags on fs.
+func publishFlags(fs *flag.FlagSet) *publishConfig {
+	cfg := &publishConfig{}
+	fs.StringVar(&cfg.queue, "queue", defaultQueue, "queue to publish to")
+	fs.IntVar(&cfg.n, "n", 1000, "capture requests to publish")
+	fs.Float64Var(&cfg.dup, "dup", 0.2, "fraction re-published with the same message id and body")
+	fs.Float64Var(&cfg.retry, "retry", 0.1, "fraction re-sent under a new message id (a producer retry: business duplicate)")
+	return cfg
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/migrate"
+)
+
+// Defaults shared by the subcommands.
+const (
+	// defaultQueue is the queue capture requests arrive on.
+	defaultQueue = "payments.capture.requested"
+	// defaultSchema holds idem's tables and the payments table.
+	defaultSchema = "payments"
+	// consumerName scopes the inbox and is stored with every effect.
+	consumerName = "payments"
+)
+
+// services says where PostgreSQL and RabbitMQ are (IDEM_PG_URL, IDEM_AMQP_URL)
+// and which schema holds the tables (-schema).
+type services struct {
+	pgURL, amqpURL, schema string
+}
+
+// serviceFlags registers -schema on fs and reads the URLs from the environment.
+func serviceFlags(fs *flag.FlagSet) *services {
+	s := &services{
+		pgURL:   envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL: envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+	}
+	fs.StringVar(&s.schema, "schema", defaultSchema, "PostgreSQL schema for idem's tables and the payments table")
+	return s
+}
+
+// open connects to PostgreSQL, applies idem's migrations to the schema and
+// creates the payments table. The caller closes the pool.
+func (s *services) open(ctx context.Context) (*pgxpool.Pool, idem.Tables, error) {
+	pool, err := pgxpool.New(ctx, s.pgURL)
+	if err != nil {
+		return nil, idem.Tables{}, fmt.Errorf("connect to postgres: %w", err)
+	}
+	tables := idem.Tables{Schema: s.schema}
+	if _, err := migrate.Up(ctx, pool, tables); err != nil {
+		pool.Close()
+		return nil, tables, fmt.Errorf("migrate %s: %w", s.schema, err)
+	}
+	if err := createPaymentsTable(ctx, pool, tables); err != nil {
+		pool.Close()
+		return nil, tables, err
+	}
+	return pool, tables, nil
+}
+
+// createPaymentsSQL is the business table: one row per capture request. The
+// primary key on capture_request_id is what turns a producer's retry (a new
+// message id for the same capture) into a business duplicate.
+const createPaymentsSQL = `CREATE TABLE IF NOT EXISTS %s (
+	capture_request_id text        PRIMARY KEY,
+	order_id           text        NOT NULL,
+	amount             bigint      NOT NULL CHECK (amount > 0),
+	currency           text        NOT NULL,
+	message_id         text        NOT NULL,
+	correlation_id     text        NOT NULL,
+	created_at         timestamptz NOT NULL DEFAULT now()
+)`
+
+// createPaymentsTable creates the payments table in tables' schema.
+func createPaymentsTable(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) error {
+	if _, err := pool.Exec(ctx, fmt.Sprintf(createPaymentsSQL, paymentsTable(tables))); err != nil {
+		return fmt.Errorf("create payments table: %w", err)
+	}
+	return nil
+}
+
+// paymentsTable is the quoted name of the payments table.
+func paymentsTable(t idem.Tables) string {
+	return pgx.Identifier{t.WithDefaults().Schema, "payments"}.Sanitize()
+}
+
+// newLogger logs text to stderr at level.
+func newLogger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
