@@ -45,6 +45,11 @@ type Consumer struct {
 	// handler failed in an optimistic batch.
 	careful atomic.Int64
 
+	// parallel admits batches: shared normally, exclusive while batches
+	// contend (see admit); serialUntil is when that ends (Unix ns).
+	parallel    sync.RWMutex
+	serialUntil atomic.Int64
+
 	// afterCommit, when set by tests of this package, runs after each
 	// successful commit and before the acks: the crash window of invariant 2.
 	afterCommit func()

@@ -439,3 +439,40 @@ func TestHandlerThatSwallowsAFailedStatementDoesNotCommitOrStall(t *testing.T) {
 	require.Equal(t, ReasonMaxAttempts, dlq[0].Headers[headerReason])
 	require.Contains(t, dlq[0].Headers[headerError], "aborted the transaction")
 }
+
+func TestDeferredWritesCommitOnceAndTheirErrorsReachTheHandler(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare(nil)
+	var errs sync.Map
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		sql := `INSERT INTO ` + e.tables.QuotedSchema() + `.effects (message_id) VALUES ($1)`
+		if m.ID == "bad" {
+			sql = `INSERT INTO no_such_table VALUES ($1)`
+		}
+		err := Defer(ctx, tx, sql, m.ID)
+		if err != nil {
+			errs.Store(m.ID, err)
+			return Permanent(err)
+		}
+		return nil
+	}
+	for i := 0; i < 20; i++ {
+		e.publish(fmt.Sprintf("m-%d", i), `{}`, nil)
+		e.publish(fmt.Sprintf("m-%d", i), `{}`, nil)
+		if i == 10 {
+			e.publish("bad", `{}`, nil)
+		}
+	}
+	c := e.newConsumer(h, func(cfg *Config) { cfg.Workers = 1; cfg.BatchMaxWait = 20 * time.Millisecond })
+	start(t, c)
+	waitFor(t, 20*time.Second, "all settled", func() bool { return settled(c) == 41 })
+	eff := e.effects()
+	require.Len(t, eff, 20)
+	for id, n := range eff {
+		require.Equal(t, 1, n, "message %s applied %d times", id, n)
+	}
+	_, found := errs.Load("bad")
+	require.True(t, found, "the failing deferred statement's error must reach its handler")
+	require.EqualValues(t, 1, c.Stats().DeadLettered)
+}

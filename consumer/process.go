@@ -183,6 +183,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	if scope == "" {
 		scope = c.cfg.Name
 	}
+	careful := opts.savepoints || opts.readOnly || opts.rerun
+	var deferred *idem.Deferred
+	if !careful {
+		deferred = &idem.Deferred{} // handlers' writes that can wait for the end of the batch
+	}
 	results := make([]result, len(msgs))
 	ctxs := make([]context.Context, len(msgs))
 	spans := make([]trace.Span, len(msgs))
@@ -190,6 +195,9 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		ctxs[i], spans[i] = c.tel.startSpan(ctx, m, len(msgs))
 		if opts.messageContext != nil {
 			ctxs[i] = opts.messageContext(ctxs[i], m)
+		}
+		if deferred != nil {
+			ctxs[i] = idem.WithDeferred(ctxs[i], deferred)
 		}
 	}
 	defer func() {
@@ -243,7 +251,6 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		return nil, &batchError{err: err, contention: isContention(err)}
 	}
 	htx := handlerTx{tx}
-	careful := opts.savepoints || opts.readOnly || opts.rerun
 	savepoint := false
 	for j, d := range decisions {
 		i := index[j]
@@ -305,6 +312,17 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	}
 	if opts.readOnly {
 		return results, nil // the deferred rollback ends the transaction
+	}
+	if deferred != nil {
+		if err := deferred.Flush(ctx, tx); err != nil {
+			if isContention(err) {
+				return nil, &batchError{err: err, contention: true}
+			}
+			// A deferred write failed (an effect conflict, say): run the
+			// batch again with immediate writes, so the error reaches the
+			// handler that caused it.
+			return nil, errNeedSavepoints
+		}
 	}
 	if err := c.insertDeadLetters(ctx, tx, msgs, results); err != nil {
 		return nil, &batchError{err: err}
@@ -404,17 +422,22 @@ func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, opts batchOpti
 		if opts.savepoints {
 			c.careful.Add(-1)
 		}
+		unlock := c.admit(attempt > 1)
 		res, err := c.processBatch(ctx, msgs, opts)
 		if errors.Is(err, errNeedSavepoints) {
 			c.careful.Store(carefulBatches)
 			opts.savepoints = true
 			res, err = c.processBatch(ctx, msgs, opts)
 		}
+		unlock()
 		if err == nil {
 			return res
 		}
 		var be *batchError
 		contention := errors.As(err, &be) && be.contention
+		if contention {
+			c.serialUntil.Store(time.Now().Add(serialWindow).UnixNano())
+		}
 		c.cfg.Logger.Warn("batch failed, retrying", "consumer", c.cfg.Name, "size", len(msgs), "attempt", attempt,
 			"contention", contention, "error", err)
 		c.tel.batchRetry(ctx, contention)
@@ -430,6 +453,24 @@ func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, opts batchOpti
 		}
 		sleep(ctx, backoff(attempt, 50*time.Millisecond, 5*time.Second))
 	}
+}
+
+// serialWindow is how long batches run one at a time after a deadlock or
+// serialization failure between them.
+const serialWindow = 10 * time.Second
+
+// admit lets a batch run: alongside other batches normally, alone while
+// batches recently deadlocked each other (handlers updating the same hot rows
+// in different orders) and for a batch's own retries after such a failure.
+// Each deadlock costs PostgreSQL's deadlock_timeout before it is detected;
+// running alone for a while stops them from recurring at that price.
+func (c *Consumer) admit(retry bool) (unlock func()) {
+	if retry || time.Now().UnixNano() < c.serialUntil.Load() {
+		c.parallel.Lock()
+		return c.parallel.Unlock
+	}
+	c.parallel.RLock()
+	return c.parallel.RUnlock
 }
 
 func unresolved(n int, err error) []result {

@@ -153,8 +153,14 @@ var _ propagation.TextMapCarrier = headerCarrier(nil)
 // startSpan starts the process span of one message, continuing the trace
 // found in its headers (messaging semantic conventions).
 func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (context.Context, trace.Span) {
-	ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
-	attrs := []attribute.KeyValue{
+	if len(m.Headers) > 0 {
+		ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
+	}
+	ctx, span := t.tracer.Start(ctx, "process "+m.Source, trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() {
+		return ctx, span // tracing is off: build no attributes
+	}
+	span.SetAttributes(
 		attribute.String("messaging.system", "rabbitmq"),
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("messaging.operation.name", "process"),
@@ -163,18 +169,22 @@ func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (c
 		attribute.Int("messaging.message.body.size", len(m.Body)),
 		attribute.Int("messaging.batch.message_count", batchSize),
 		attribute.String("idem.consumer", t.name),
-	}
+	)
 	if m.RoutingKey != "" {
-		attrs = append(attrs, attribute.String("messaging.rabbitmq.destination.routing_key", m.RoutingKey))
+		span.SetAttributes(attribute.String("messaging.rabbitmq.destination.routing_key", m.RoutingKey))
 	}
 	if m.HasOffset {
-		attrs = append(attrs, attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(m.Offset, 10)))
+		span.SetAttributes(attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(m.Offset, 10)))
 	}
-	return t.tracer.Start(ctx, "process "+m.Source, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return ctx, span
 }
 
 // endSpan records the message's outcome on its span.
 func endSpan(span trace.Span, r result) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
 	span.SetAttributes(attribute.String("idem.outcome", r.outcome.String()))
 	if r.reason != "" {
 		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.reason))

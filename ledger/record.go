@@ -61,6 +61,14 @@ SELECT {columns}, false FROM {ledger} WHERE effect_id = $1 AND NOT EXISTS (SELEC
 // with an *EffectConflictError (errors.Is ErrEffectConflict) and tx stays
 // usable.
 //
+// When ctx carries an idem.Deferred (the consumer runtime's batches without
+// savepoints do), Record validates the effect and returns the entry it will
+// write; the batch's effects are then written with one statement just before
+// commit. If one of them conflicts with an effect recorded earlier, the
+// runtime runs the batch again with immediate writes, and the conflict
+// reaches the handler as above. The entry returned in deferred mode is the
+// one being recorded (status pending or suppressed), not a stored one.
+//
 // The replay mode in ctx changes what Record does: idem.Rebuild writes the
 // effect as StatusSuppressed (never dispatched); idem.Forensic writes nothing
 // and adds the effect to the Capture from WithCapture, failing with
@@ -79,6 +87,10 @@ func (l *Ledger) Record(ctx context.Context, tx pgx.Tx, e Effect) (Entry, error)
 		return c.add(entry)
 	case idem.Rebuild:
 		entry.Status = StatusSuppressed
+	}
+	if d := idem.DeferredFrom(ctx); d != nil {
+		pending := d.Use(l, func() idem.Flusher { return &pendingEffects{l: l} }).(*pendingEffects)
+		return pending.add(entry)
 	}
 
 	b := &pgx.Batch{}

@@ -24,7 +24,8 @@ type statements struct {
 	channel string // the NOTIFY channel, unquoted
 	listen  string
 
-	record, get, list, stats, gauges                     string
+	record, recordMany, storedHashes, get, list, stats   string
+	gauges                                               string
 	claim, claimUnknown, complete, sweep, resolve, audit string
 	history                                              string
 }
@@ -44,6 +45,8 @@ func newStatements(t idem.Tables) (*statements, error) {
 		channel:      ch,
 		listen:       "LISTEN " + pgx.Identifier{ch}.Sanitize(),
 		record:       r.Replace(recordSQL),
+		recordMany:   r.Replace(recordManySQL),
+		storedHashes: r.Replace(storedHashesSQL),
 		get:          r.Replace(getSQL),
 		list:         r.Replace(listSQL),
 		stats:        r.Replace(statsSQL),

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// warmup messages are processed before the measured ones, so that
+// connecting and the first prepared statements are not measured.
+const warmup = 50
+
+// latencyResult is the outcome of the latency run.
+type latencyResult struct {
+	offered  int           // msg/s
+	duration time.Duration // of publishing
+	sent     int
+	commit   percentiles // publish → COMMIT returned
+	handler  percentiles // publish → handler start
+	inside   percentiles // handler start → COMMIT returned
+	batches  int64
+}
+
+type percentiles struct{ p50, p90, p99, max time.Duration }
+
+func percentilesOf(d []time.Duration) percentiles {
+	slices.Sort(d)
+	at := func(q float64) time.Duration {
+		i := int(q*float64(len(d))+0.999999) - 1
+		return d[min(max(i, 0), len(d)-1)]
+	}
+	return percentiles{p50: at(0.50), p90: at(0.90), p99: at(0.99), max: d[len(d)-1]}
+}
+
+// commitClock records when each message's transaction committed. It is a
+// pgx QueryTracer on the consumer's pool: the handler notes the message on
+// its connection, and when a COMMIT on that connection returns without error
+// every message noted since the BEGIN gets the time; a ROLLBACK or the next
+// BEGIN forgets them (their batch will run again).
+type commitClock struct {
+	base      time.Time
+	sent      []time.Duration // by sequence number; written by the publisher only
+	handlerAt []atomic.Int64  // nanoseconds since base; 0: not yet
+	commitAt  []atomic.Int64
+
+	mu   sync.Mutex
+	open map[*pgx.Conn][]int64
+}
+
+func newCommitClock(n int) *commitClock {
+	return &commitClock{base: time.Now(), sent: make([]time.Duration, n),
+		handlerAt: make([]atomic.Int64, n), commitAt: make([]atomic.Int64, n), open: map[*pgx.Conn][]int64{}}
+}
+
+func (k *commitClock) since() int64 { return int64(time.Since(k.base)) }
+
+// handled notes that the handler ran message seq in conn's transaction.
+func (k *commitClock) handled(conn *pgx.Conn, seq int64) {
+	if seq < 0 || seq >= int64(len(k.sent)) {
+		return // a warm-up message
+	}
+	k.handlerAt[seq].CompareAndSwap(0, k.since())
+	k.mu.Lock()
+	k.open[conn] = append(k.open[conn], seq)
+	k.mu.Unlock()
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (k *commitClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (k *commitClock) TraceQueryEnd(_ context.Context, conn *pgx.Conn, data pgx.TraceQueryEndData) {
+	switch data.CommandTag.String() {
+	case "COMMIT":
+		if data.Err != nil {
+			return
+		}
+		now := k.since()
+		k.mu.Lock()
+		for _, seq := range k.open[conn] {
+			k.commitAt[seq].CompareAndSwap(0, now)
+		}
+		delete(k.open, conn)
+		k.mu.Unlock()
+	case "BEGIN", "ROLLBACK":
+		k.mu.Lock()
+		delete(k.open, conn)
+		k.mu.Unlock()
+	}
+}
+
+// latency offers o.latencyRate msg/s to an idem consumer for
+// o.latencySeconds and measures, per message, publish → handler start and
+// publish → COMMIT returned to the consumer.
+func (b *bench) latency(ctx context.Context) (latencyResult, error) {
+	res := latencyResult{offered: b.o.latencyRate}
+	total := b.o.latencyRate * b.o.latencySeconds
+	clock := newCommitClock(total)
+	cfg, err := pgxpool.ParseConfig(b.o.pgURL)
+	if err != nil {
+		return res, err
+	}
+	cfg.ConnConfig.Tracer = clock
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return res, err
+	}
+	defer pool.Close()
+
+	q := b.queue("latency")
+	c, _, err := b.newIdem(q, "bench-latency", true, false, pool)
+	if err != nil {
+		return res, err
+	}
+	update := b.updateSQL
+	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		clock.handled(tx.Conn(), seqOf(m.Body))
+		_, err := tx.Exec(ctx, update, accountOf(m.Body))
+		return err
+	})
+	if err := c.Declare(ctx); err != nil {
+		return res, err
+	}
+	ch, err := b.pub.Channel()
+	if err != nil {
+		return res, err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return res, err
+	}
+
+	r := start(ctx, c)
+	defer r.close()
+
+	var pending []*amqp.DeferredConfirmation
+	// send publishes message i; warm-up messages have negative i and are not
+	// measured (their sequence number is -1).
+	send := func(i int, at time.Time) error {
+		account, seq := i%b.o.accounts+1, int64(i)
+		if i < 0 {
+			account, seq = -i%b.o.accounts+1, -1
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
+			MessageId: fmt.Sprintf("%s-latency-%d", b.runID, i), DeliveryMode: amqp.Persistent,
+			Body: encode(account, seq, at)})
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		pending = append(pending, dc)
+		return nil
+	}
+	for i := range warmup {
+		if err := send(-1-i, time.Now()); err != nil {
+			return res, err
+		}
+	}
+	if err := r.wait(ctx, warmup, time.Minute); err != nil {
+		return res, fmt.Errorf("warm-up: %w", err)
+	}
+
+	before := c.Stats().Batches
+	interval := time.Second / time.Duration(b.o.latencyRate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return res, ctx.Err()
+			}
+		}
+		now := time.Now()
+		clock.sent[i] = now.Sub(clock.base)
+		if err := send(i, now); err != nil {
+			return res, err
+		}
+	}
+	res.duration, res.sent = time.Since(start), total
+	for _, dc := range pending {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return res, fmt.Errorf("publish: confirmed=%v: %v", ok, err)
+		}
+	}
+	if err := r.wait(ctx, warmup+total, time.Minute); err != nil {
+		return res, err
+	}
+	res.batches = c.Stats().Batches - before
+
+	commit := make([]time.Duration, 0, total)
+	handler := make([]time.Duration, 0, total)
+	inside := make([]time.Duration, 0, total)
+	for i := range total {
+		h, k := clock.handlerAt[i].Load(), clock.commitAt[i].Load()
+		if h == 0 || k == 0 {
+			return res, fmt.Errorf("message %d committed without a recorded handler or commit time", i)
+		}
+		handler = append(handler, time.Duration(h)-clock.sent[i])
+		commit = append(commit, time.Duration(k)-clock.sent[i])
+		inside = append(inside, time.Duration(k-h))
+	}
+	res.commit, res.handler, res.inside = percentilesOf(commit), percentilesOf(handler), percentilesOf(inside)
+	return res, nil
+}

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// report collects the run's results and renders them as markdown.
+type report struct {
+	opts    options
+	machine machine
+	modes   []modeResult
+	latency *latencyResult
+	memory  *memoryResult
+}
+
+// Targets from the project's issue 3.
+const (
+	targetVsNaive   = 6.0
+	targetVsRaw     = 0.6
+	targetP99       = 10 * time.Millisecond
+	targetP99AtRate = 200
+)
+
+func (r *report) mode(name string) *modeResult {
+	for i := range r.modes {
+		if r.modes[i].mode == name {
+			return &r.modes[i]
+		}
+	}
+	return nil
+}
+
+func ratio(a *modeResult, base *modeResult) string {
+	if base == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", a.rate()/base.rate())
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+func (r *report) markdown() string {
+	var w strings.Builder
+	m := r.machine
+	fmt.Fprintf(&w, "### Consumer runtime: throughput, latency, memory\n\n")
+	fmt.Fprintf(&w, "Command: `%s`\n\n", r.opts.args)
+	fmt.Fprintf(&w, "Machine: %d CPUs (%s), %s, PostgreSQL %s (%s), RabbitMQ %s; broker and database local. "+
+		"Load average %s at start, %s at end.\n\n", m.cpus, m.cpuModel, m.goVersion, m.postgres, m.pgSettings,
+		m.rabbitmq, m.loadStart, m.loadEnd)
+
+	raw, naive := r.mode("raw"), r.mode("naive")
+	if len(r.modes) > 0 {
+		fmt.Fprintf(&w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
+			r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
+		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | commits | msg/commit | avg commit ms | batch retries (deadlocks) |\n")
+		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for i := range r.modes {
+			x := &r.modes[i]
+			commits, perCommit, commitMs, retries := "—", "—", "—", "—"
+			switch {
+			case x.mode == "naive":
+				commits, perCommit = fmt.Sprint(x.n), "1.0"
+			case x.idem != nil:
+				s := x.idem
+				commits = fmt.Sprint(s.batches)
+				perCommit = fmt.Sprintf("%.1f", float64(x.n)/float64(max(s.batches, 1)))
+				commitMs = fmt.Sprintf("%.2f", 1000*s.commitSeconds/float64(max(s.commits, 1)))
+				retries = fmt.Sprintf("%d (%d)", s.retries, s.contention)
+			}
+			label := x.mode
+			if x.capped {
+				label += fmt.Sprintf(" (capped: %d of %d done in %v)", x.n, r.opts.n, r.opts.cap)
+			}
+			u := x.cpu
+			perMsg := (u.self + u.postgres + u.rabbitmq).Seconds() * 1e6 / float64(max(x.n, 1))
+			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %s | %s | %s | %s |\n",
+				label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
+				u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
+				perMsg, 100*u.machine, commits, perCommit, commitMs, retries)
+		}
+		w.WriteString("\n")
+	}
+
+	w.WriteString("| target | measured | met |\n|---|---|---|\n")
+	for _, t := range []struct {
+		name string
+		base *modeResult
+		want float64
+	}{{"naive", naive, targetVsNaive}, {"raw", raw, targetVsRaw}} {
+		if t.base == nil {
+			continue
+		}
+		var parts []string
+		met := "no"
+		for _, name := range []string{"idem", "idem-ordered", "idem-deferred"} {
+			if x := r.mode(name); x != nil {
+				got := x.rate() / t.base.rate()
+				parts = append(parts, fmt.Sprintf("%s %.2f×", name, got))
+				if got >= t.want {
+					met = "yes (" + name + ")"
+				}
+			}
+		}
+		if len(parts) > 0 {
+			fmt.Fprintf(&w, "| idem ≥ %.1f × %s (msg/s) | %s | %s |\n", t.want, t.name, strings.Join(parts, ", "), met)
+		}
+	}
+	if l := r.latency; l != nil {
+		met := "yes"
+		if l.commit.p99 > targetP99 {
+			met = "no"
+		}
+		if l.offered != targetP99AtRate {
+			met += fmt.Sprintf(" (measured at %d msg/s, the target is at %d)", l.offered, targetP99AtRate)
+		}
+		fmt.Fprintf(&w, "| p99 publish → commit ≤ %v at %d msg/s | %s ms | %s |\n", targetP99, targetP99AtRate, ms(l.commit.p99), met)
+	}
+	if mem := r.memory; mem != nil {
+		fmt.Fprintf(&w, "| resident memory at prefetch %d reported | VmHWM %.1f MiB, VmRSS %.1f MiB | reported |\n",
+			mem.Prefetch, float64(mem.HWMkB)/1024, float64(mem.RSSkB)/1024)
+	}
+	w.WriteString("\n")
+
+	if l := r.latency; l != nil {
+		fmt.Fprintf(&w, "Latency (idem with OrderingKey = account): %d messages offered at %d msg/s over %.1f s, %d commits (%.2f msg/commit).\n\n",
+			l.sent, l.offered, l.duration.Seconds(), l.batches, float64(l.sent)/float64(max(l.batches, 1)))
+		w.WriteString("| ms | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&w, "| publish → handler start | %s | %s | %s | %s |\n", ms(l.handler.p50), ms(l.handler.p90), ms(l.handler.p99), ms(l.handler.max))
+		fmt.Fprintf(&w, "| publish → commit returned | %s | %s | %s | %s |\n", ms(l.commit.p50), ms(l.commit.p90), ms(l.commit.p99), ms(l.commit.max))
+		fmt.Fprintf(&w, "| handler start → commit returned | %s | %s | %s | %s |\n\n", ms(l.inside.p50), ms(l.inside.p90), ms(l.inside.p99), ms(l.inside.max))
+	}
+	if mem := r.memory; mem != nil {
+		fmt.Fprintf(&w, "Memory (idem with OrderingKey = account, in a child process that only consumes): %d messages at prefetch %d "+
+			"(%.0f msg/s): VmHWM %d kB, VmRSS %d kB after the run; Go runtime Sys %.1f MiB, HeapSys %.1f MiB.\n\n",
+			mem.N, mem.Prefetch, float64(mem.N)/mem.Seconds, mem.HWMkB, mem.RSSkB,
+			float64(mem.GoSys)/(1<<20), float64(mem.HeapSys)/(1<<20))
+	}
+	w.WriteString(method)
+	return w.String()
+}
+
+const method = `Method. Each throughput mode gets a fresh quorum queue, pre-filled with
+persistent 256-byte messages (unique message ids, publisher confirms, the
+same seeded sequence of accounts); the clock runs from connecting until
+every message is acked (raw) or committed (naive, idem: the runtime's
+Processed counter, polled every millisecond; its acks follow the commit
+immediately), or until -cap, when the mode reports the messages done by
+then. raw acks each delivery by hand without a database. naive runs
+16 goroutines on one consumer channel, each message in its own transaction:
+BEGIN; INSERT INTO dedup (message_id) ON CONFLICT DO NOTHING; UPDATE; COMMIT;
+ack. idem runs consumer.New with defaults except Prefetch, a handler doing
+the UPDATE, and an in-process OpenTelemetry reader (commits, commit time,
+batch retries); idem-ordered adds OrderingKey = account; idem-deferred also
+sends the UPDATE through consumer.Defer (pipelined before the commit). After each mode the
+sum of balances must have grown by exactly the number of messages recorded
+as processed (dedup or inbox rows), and by all of them unless capped.
+The latency and memory runs use idem-ordered.
+CPU seconds during the consume phase come from getrusage (bench) and
+/proc/PID/stat: postgres counts this run's backends (by application_name)
+and the server's background processes (WAL writer, checkpointer…), not
+other clients'; rabbitmq is beam.smp (all of it: the broker is shared);
+"other" is the rest of the machine's busy time from /proc/stat (other
+agents' load included), and "machine busy" the busy fraction of all cores.
+"core-µs per msg" is (bench + postgres + rabbitmq) CPU per message: what a
+mode costs the machine, less sensitive to other load than msg/s. Latency: a publisher in this process sends at the
+offered rate (after 50 warm-up messages); the handler notes each message on
+its database connection, and a pgx QueryTracer on the consumer's pool stamps
+the noted messages when a COMMIT on that connection returns without error
+(a ROLLBACK or the next BEGIN forgets them). publish → commit is that stamp
+minus the time taken just before the publish call, on the same monotonic
+clock: the moment the consumer knows the message is durable, before its
+ack. Memory: a child process (this binary) consumes a pre-filled queue with
+idem at the given prefetch and reports VmHWM and VmRSS from
+/proc/self/status, so neither the publisher nor the other modes count.
+`

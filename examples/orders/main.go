@@ -1,0 +1,106 @@
+// Command orders keeps an order overview projection from a RabbitMQ stream
+// of order events, sends a "shipped" e-mail through idem's ledger, and
+// exposes idem's replay runner next to its worker, so the projection can be
+// rebuilt, audited or repaired from the stream.
+//
+//	go run ./examples/orders publish -n 20000 [-dup 0.03] [-swap 0.01] [-seed 1]
+//	go run ./examples/orders mailstub [-addr 127.0.0.1:8025]
+//	go run ./examples/orders worker
+//	go run ./examples/orders replay --mode rebuild|forensic|repair|normal [--from …] [--to …] [--order o-1,o-2]
+//
+// Global flags, before the command: -schema (default orders), -stream
+// (default orders.events) and -mail (where the e-mails go, default
+// http://127.0.0.1:8025/send). Events are JSON with the AMQP message-id set:
+//
+//	{"orderId":"o-17","version":2,"type":"OrderPaid"}
+//
+// IDEM_PG_URL and IDEM_AMQP_URL (or IDEM_STREAM_URL) say where PostgreSQL and
+// RabbitMQ are.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/replay"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:])
+	stop()
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+	}
+	os.Exit(replay.ExitCode(err))
+}
+
+// options are the settings every command shares.
+type options struct {
+	pgURL, streamURL, schema, stream, mailURL string
+	logger                                    *slog.Logger
+}
+
+const usage = "usage: orders [-schema orders] [-stream orders.events] [-mail URL] publish|mailstub|worker|replay [flags]"
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("orders", flag.ContinueOnError)
+	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), streamURL: streamURL(),
+		logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	fs.StringVar(&o.schema, "schema", "orders", "schema for idem's tables and the projection")
+	fs.StringVar(&o.stream, "stream", "orders.events", "the stream of order events")
+	fs.StringVar(&o.mailURL, "mail", "http://127.0.0.1:8025/send", "where the shipped e-mails are sent (see mailstub)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	// The stream client logs through the standard library's log package.
+	streamio.RouteClientLogs(o.logger)
+	args = fs.Args()
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	switch args[0] {
+	case "publish":
+		return publishCommand(ctx, o, args[1:])
+	case "mailstub":
+		return mailstubCommand(ctx, o, args[1:])
+	case "worker":
+		return workerCommand(ctx, o, args[1:])
+	case "replay":
+		return replayCommand(ctx, o, args[1:])
+	default:
+		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+	}
+}
+
+// replayCommand is idem's replay runner on the worker's consumer: the only
+// thing the binary adds is how to reset the projection before a rebuild.
+func replayCommand(ctx context.Context, o options, args []string) error {
+	pool, err := setup(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := newConsumer(o, pool)
+	if err != nil {
+		return err
+	}
+	return replay.Main(ctx, c, args, replay.Command{
+		Options: replay.Options{Reset: resetProjection(o)},
+		KeyFlag: "order",
+	})
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/ledger"
+)
+
+func workerCommand(ctx context.Context, o options, args []string) error {
+	fs := flag.NewFlagSet("orders worker", flag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pool, err := setup(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := newConsumer(o, pool)
+	if err != nil {
+		return err
+	}
+	o.logger.Info("worker started", "stream", o.stream, "schema", o.schema, "mail", o.mailURL)
+	err = runWorker(ctx, o, pool, c)
+	s := c.Stats()
+	o.logger.Info("worker stopped", "processed", s.Processed, "duplicates", s.Duplicates, "dead_lettered", s.DeadLettered)
+	return err
+}
+
+// runWorker runs the projection's stream consumer (active, or hot standby
+// while another process reads the stream) and the ledger dispatcher that
+// sends the e-mails, until ctx is cancelled.
+func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.Consumer) error {
+	d, err := ledger.NewDispatcher(ledger.DispatcherConfig{
+		Pool:   pool,
+		Tables: idem.Tables{Schema: o.schema},
+		Logger: o.logger,
+		Executors: map[string]ledger.Executor{
+			// The mail service deduplicates by Idempotency-Key, so an
+			// attempt whose outcome is unknown may be sent again.
+			notifyShipped: &ledger.HTTPExecutor{Client: &http.Client{Timeout: 10 * time.Second}, Deduplicates: true},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var dispatchErr error
+	wg.Go(func() {
+		dispatchErr = d.Run(ctx)
+		cancel()
+	})
+	err = c.Run(ctx)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	return dispatchErr
+}

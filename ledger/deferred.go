@@ -1,0 +1,133 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// recordManySQL inserts a batch's effects in one statement; the effects
+// already recorded are returned by the second statement for comparison.
+const recordManySQL = `INSERT INTO {ledger} (effect_id, effect_type, consumer, message_id, business_key, target,
+	idempotency_key, request_hash, request, status)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+	$7::text[], $8::bytea[], $9::bytea[], $10::text[])
+ON CONFLICT (effect_id) DO NOTHING
+RETURNING effect_id`
+
+const storedHashesSQL = `SELECT effect_id, request_hash FROM {ledger} WHERE effect_id = ANY($1::text[])`
+
+// pendingEffects are the effects recorded during one batch transaction,
+// written by Flush with one statement just before the batch commits.
+type pendingEffects struct {
+	l       *Ledger
+	mu      sync.Mutex
+	entries []Entry
+	byID    map[string]int
+}
+
+// add queues e; an id already queued must carry the same request.
+func (p *pendingEffects) add(e Entry) (Entry, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i, ok := p.byID[e.ID]; ok {
+		if p.entries[i].RequestHash != e.RequestHash {
+			return Entry{}, &EffectConflictError{EffectID: e.ID, Stored: p.entries[i].RequestHash, Recorded: e.RequestHash}
+		}
+		return p.entries[i], nil
+	}
+	if p.byID == nil {
+		p.byID = map[string]int{}
+	}
+	p.byID[e.ID] = len(p.entries)
+	p.entries = append(p.entries, e)
+	return e, nil
+}
+
+// Flush writes the queued effects. An effect id recorded before with
+// another request fails the flush with an *EffectConflictError; the runtime
+// then runs the batch again with immediate writes, so that the conflict
+// reaches the handler that recorded it.
+func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.entries)
+	if n == 0 {
+		return nil
+	}
+	cols := make([][]string, 8)
+	for i := range cols {
+		cols[i] = make([]string, n)
+	}
+	hashes := make([][]byte, n)
+	requests := make([][]byte, n)
+	notify := false
+	for i, e := range p.entries {
+		cols[0][i], cols[1][i], cols[2][i], cols[3][i] = e.ID, e.Type, e.Consumer, e.MessageID
+		cols[4][i], cols[5][i], cols[6][i], cols[7][i] = e.BusinessKey, e.Target, e.IdempotencyKey, string(e.Status)
+		h := e.RequestHash
+		hashes[i] = h[:]
+		requests[i] = e.Request
+		notify = notify || e.Status == StatusPending
+	}
+	rows, err := tx.Query(ctx, p.l.sql.recordMany, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6],
+		hashes, requests, cols[7])
+	if err != nil {
+		return fmt.Errorf("ledger: record %d effects: %w", n, err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("ledger: record %d effects: %w", n, err)
+	}
+	if len(inserted) < n {
+		if err := p.compareExisting(ctx, tx, inserted); err != nil {
+			return err
+		}
+	}
+	if notify && len(inserted) > 0 {
+		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", p.l.sql.channel); err != nil {
+			return fmt.Errorf("ledger: notify dispatchers: %w", err)
+		}
+	}
+	return nil
+}
+
+// compareExisting checks that the effects not inserted were recorded before
+// with the same request.
+func (p *pendingEffects) compareExisting(ctx context.Context, tx pgx.Tx, inserted []string) error {
+	done := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		done[id] = true
+	}
+	var ids []string
+	for _, e := range p.entries {
+		if !done[e.ID] {
+			ids = append(ids, e.ID)
+		}
+	}
+	rows, err := tx.Query(ctx, p.l.sql.storedHashes, ids)
+	if err != nil {
+		return fmt.Errorf("ledger: read %d recorded effects: %w", len(ids), err)
+	}
+	var id string
+	var hash []byte
+	stored := map[string]idem.Hash{}
+	_, err = pgx.ForEachRow(rows, []any{&id, &hash}, func() error {
+		h, err := idem.HashFromBytes(hash)
+		stored[id] = h
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: read %d recorded effects: %w", len(ids), err)
+	}
+	for _, e := range p.entries {
+		if h, ok := stored[e.ID]; ok && h != e.RequestHash {
+			return &EffectConflictError{EffectID: e.ID, Stored: h, Recorded: e.RequestHash}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/streamio"
+)
+
+// benchMessages is the stream every benchmark iteration replays.
+const benchMessages = 20000
+
+// BenchmarkReplay compares, on the same stream of 20,000 messages: a raw
+// stream read with a no-op handler (the baseline), a rebuild with a one-row
+// upsert projection, a rebuild with a no-op handler (the framework's own
+// cost: inbox claims, savepoints, checkpoint, commit), and a forensic
+// replay of the projection (a one-row read per message).
+//
+//	go test ./replay -run '^$' -bench Replay -benchtime 3x
+func BenchmarkReplay(b *testing.B) {
+	e := newEnv(b)
+	ctx := context.Background()
+	for i := 0; i < benchMessages; i += 5000 {
+		var out []streamio.Outgoing
+		for j := i; j < i+5000; j++ {
+			out = append(out, streamio.Outgoing{MessageID: fmt.Sprintf("m-%d", j), Body: body(event{Key: fmt.Sprintf("k%d", j%1000), N: int64(j)})})
+		}
+		e.publish(out...)
+	}
+	s := e.tables.QuotedSchema()
+	upsert := `INSERT INTO ` + s + `.totals AS t (key, sum) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET sum = EXCLUDED.sum`
+	projection := func(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
+		if idem.ModeFrom(ctx) == idem.Forensic {
+			var n int64
+			err := tx.QueryRow(ctx, `SELECT sum FROM `+s+`.totals WHERE key = $1`, ev.Key).Scan(&n)
+			if err == pgx.ErrNoRows {
+				err = nil
+			}
+			return err
+		}
+		_, err := tx.Exec(ctx, upsert, ev.Key, ev.N)
+		return err
+	}
+	c := e.consumer(nil, nil)
+	c.Handle(consumer.JSON(projection))
+
+	rate := func(b *testing.B, took time.Duration) {
+		b.ReportMetric(float64(benchMessages)*float64(b.N)/took.Seconds(), "msg/s")
+	}
+	b.Run("read_noop", func(b *testing.B) {
+		start := time.Now()
+		for range b.N {
+			n := 0
+			err := e.se.Read(ctx, streamio.ReadSpec{Stream: e.stream}, func(_ context.Context, recs []streamio.Record) error {
+				n += len(recs)
+				return nil
+			})
+			require.NoError(b, err)
+			require.Equal(b, benchMessages, n)
+		}
+		rate(b, time.Since(start))
+	})
+	b.Run("rebuild_upsert", func(b *testing.B) {
+		start := time.Now()
+		for range b.N {
+			sum, err := Run(ctx, c, Options{Mode: idem.Rebuild, Reset: e.reset})
+			require.NoError(b, err)
+			require.EqualValues(b, benchMessages, sum.Processed)
+		}
+		rate(b, time.Since(start))
+	})
+	noop := e.consumer(nil, nil)
+	noop.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	b.Run("rebuild_noop", func(b *testing.B) {
+		start := time.Now()
+		for range b.N {
+			sum, err := Run(ctx, noop, Options{Mode: idem.Rebuild})
+			require.NoError(b, err)
+			require.EqualValues(b, benchMessages, sum.Processed)
+		}
+		rate(b, time.Since(start))
+	})
+	b.Run("forensic", func(b *testing.B) {
+		start := time.Now()
+		for range b.N {
+			sum, err := Run(ctx, c, Options{Mode: idem.Forensic})
+			require.NoError(b, err)
+			require.EqualValues(b, benchMessages, sum.Messages)
+		}
+		rate(b, time.Since(start))
+	})
+}

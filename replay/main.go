@@ -1,0 +1,199 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+)
+
+// Command configures Main.
+type Command struct {
+	// Options are the defaults the flags override; set the ones flags do
+	// not cover here (Reset, Logger, BatchSize…).
+	Options Options
+	// KeyFlag names the flag that selects repair messages by business key,
+	// e.g. "order" for --order o-1,o-2. Default: "key".
+	KeyFlag string
+	// Stdout receives the forensic report when --report is not given.
+	// Default: os.Stdout.
+	Stdout io.Writer
+	// Stderr receives usage, progress and the summary. Default: os.Stderr.
+	Stderr io.Writer
+}
+
+// ErrUsage is returned (wrapped) by Main for arguments it cannot parse.
+var ErrUsage = errors.New("replay: usage")
+
+// Main is the "replay" subcommand of a worker binary: it parses args
+// (without the subcommand's name), runs the replay with c and prints a
+// summary. A worker binary adds it next to its worker:
+//
+//	case "replay":
+//		return replay.Main(ctx, c, args[1:], replay.Command{Options: replay.Options{Reset: truncate}})
+//
+// and exits with ExitCode(err). Flags:
+//
+//	--mode normal|rebuild|forensic|repair   (required)
+//	--from first|OFFSET|RFC3339             where to start (default first)
+//	--to tail|OFFSET|RFC3339                where to end, fixed at start (default tail)
+//	--run-id ID                             resume the interrupted run ID
+//	--key K1,K2 / --id ID1,ID2              repair: the messages to re-run
+//	--operator NAME --reason TEXT           repair: the audit (operator defaults to $USER)
+//	--redispatch                            repair: send failed / unknown effects again
+//	--report FILE                           forensic: the JSON-lines report (default stdout)
+//	--wait                                  rebuild: wait for live workers to release the stream
+//	--batch N                               messages per transaction
+func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command) error {
+	if cmd.KeyFlag == "" {
+		cmd.KeyFlag = "key"
+	}
+	if cmd.Stdout == nil {
+		cmd.Stdout = os.Stdout
+	}
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	o := cmd.Options
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(cmd.Stderr)
+	var mode, from, to, report string
+	fs.StringVar(&mode, "mode", string(o.Mode), "normal, rebuild, forensic or repair")
+	fs.StringVar(&from, "from", "first", "first, an offset or an RFC 3339 time")
+	fs.StringVar(&to, "to", "tail", "tail, an offset or an RFC 3339 time (fixed when the run starts)")
+	fs.StringVar(&o.RunID, "run-id", o.RunID, "resume the interrupted run with this id")
+	fs.Var((*listFlag)(&o.Select.Keys), cmd.KeyFlag, "repair: business keys to re-run, comma-separated")
+	fs.Var((*listFlag)(&o.Select.IDs), "id", "repair: message ids to re-run, comma-separated")
+	fs.StringVar(&o.Operator, "operator", firstNonEmpty(o.Operator, os.Getenv("USER")), "repair: who runs it, for the audit")
+	fs.StringVar(&o.Reason, "reason", o.Reason, "repair: why, for the audit")
+	fs.BoolVar(&o.Redispatch, "redispatch", o.Redispatch, "repair: send the failed_terminal and unknown effects of the re-run messages again")
+	fs.StringVar(&report, "report", "", "forensic: write the JSON-lines report to this file (default stdout)")
+	fs.BoolVar(&o.Wait, "wait", o.Wait, "rebuild: wait for the live workers to release the stream instead of failing")
+	fs.IntVar(&o.BatchSize, "batch", o.BatchSize, "messages per transaction (default: the consumer's batch size)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", ErrUsage, fs.Args())
+	}
+	o.Mode = idem.Mode(mode)
+	var err error
+	if o.From, err = ParsePosition(from); err != nil {
+		return fmt.Errorf("%w: --from: %v", ErrUsage, err)
+	}
+	if o.To, err = ParsePosition(to); err != nil {
+		return fmt.Errorf("%w: --to: %v", ErrUsage, err)
+	}
+	if o.Mode != idem.Repair {
+		o.Operator = "" // the $USER default is for the repair audit only
+	}
+	if o.Mode != idem.Rebuild {
+		o.Reset = nil // a default for when the mode is rebuild
+	}
+	if o.Progress == nil {
+		o.Progress = cmd.Stderr
+	}
+	if o.Mode == idem.Forensic && o.Report == nil {
+		o.Report = cmd.Stdout
+		if report != "" && report != "-" {
+			f, err := os.Create(report)
+			if err != nil {
+				return fmt.Errorf("replay: report: %w", err)
+			}
+			defer f.Close()
+			o.Report = f
+		}
+	} else if report != "" && o.Mode != idem.Forensic {
+		return fmt.Errorf("%w: --report is for forensic replays", ErrUsage)
+	}
+	s, err := Run(ctx, c, o)
+	if errors.Is(err, ErrInvalidOptions) {
+		err = fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if err == nil || s.RunID != "" || s.Messages > 0 {
+		printSummary(cmd.Stderr, s)
+	}
+	return err
+}
+
+// ExitCode maps Main's error to a process exit code: 0 for success (or
+// --help), 1 when a forensic replay found conflicts or handler errors, 2
+// for any other failure (bad arguments included). Cron jobs and CI can tell
+// findings from a replay that could not run.
+func ExitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, ErrFindings):
+		return 1
+	default:
+		return 2
+	}
+}
+
+// printSummary writes s for a person.
+func printSummary(w io.Writer, s Summary) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "replay %s of %s", s.Mode, s.Stream)
+	if s.RunID != "" {
+		fmt.Fprintf(&b, " (run %s", s.RunID)
+		if s.Resumed {
+			b.WriteString(", resumed")
+		}
+		b.WriteString(")")
+	}
+	fmt.Fprintf(&b, ": %d messages", s.Messages)
+	if s.Messages > 0 {
+		fmt.Fprintf(&b, " (offsets %d to %d)", s.First, s.Last)
+	}
+	fmt.Fprintf(&b, " in %s\n", s.Elapsed.Round(1e6))
+	fmt.Fprintf(&b, "  processed %d, duplicates %d, dead-lettered %d, skipped %d, conflicts %d, handler errors %d\n",
+		s.Processed, s.Duplicates, s.DeadLettered, s.Skipped, s.Conflicts, s.HandlerErrors)
+	switch s.Mode {
+	case idem.Forensic:
+		fmt.Fprintf(&b, "  inbox: not processed %d, processed with the same hash %d; effects the handlers would record %d\n",
+			s.NotProcessed, s.ProcessedSameHash, s.Effects)
+	case idem.Rebuild:
+		if s.CaughtUp > 0 {
+			fmt.Fprintf(&b, "  caught up %d messages past the live checkpoint (effects dispatched)\n", s.CaughtUp)
+		}
+		if s.HasHandoff {
+			fmt.Fprintf(&b, "  hand-off: the live consumer continues after offset %d\n", s.Handoff)
+		}
+	case idem.Repair:
+		if s.Redispatched > 0 {
+			fmt.Fprintf(&b, "  effects sent again: %d\n", s.Redispatched)
+		}
+	}
+	_, _ = io.WriteString(w, b.String())
+}
+
+// listFlag is a repeatable, comma-separated flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func firstNonEmpty(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,229 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+)
+
+// Options configure Run. Mode is required; so are Select, Operator and
+// Reason for a repair. Every other field has the default its comment states.
+type Options struct {
+	// BatchSize is the most messages run in one transaction.
+	// Default: the consumer's BatchMaxSize.
+	BatchSize int
+
+	// From is where the replay starts. Default: First.
+	From Position
+
+	// Logger receives the run's logs. Default: the consumer's Logger.
+	Logger *slog.Logger
+
+	// Mode is idem.Normal, idem.Rebuild, idem.Forensic or idem.Repair.
+	// Required.
+	Mode idem.Mode
+
+	// Operator says who runs a repair, for the audit rows. Required for
+	// repair.
+	Operator string
+
+	// Progress receives a progress bar with rate and ETA when it is a
+	// terminal, a log line every ProgressInterval otherwise. Default: none.
+	Progress io.Writer
+
+	// ProgressInterval is how often a progress line is written when Progress
+	// is not a terminal. Default: 5s.
+	ProgressInterval time.Duration
+
+	// Reason says why a repair runs, for the audit rows. Required for repair.
+	Reason string
+
+	// Redispatch, in a repair, sends the failed_terminal and unknown effects
+	// of the re-run messages again (status pending, same idempotency key,
+	// each decision in the ledger's audit). Effects must have been recorded
+	// with their Consumer and MessageID for the repair to find them.
+	// Default: false (effects stay deduplicated by effect id).
+	Redispatch bool
+
+	// Report receives the forensic report, one JSON object per line: one
+	// per message, then a summary. Default: none (Run still returns the
+	// Summary).
+	Report io.Writer
+
+	// Reset runs before a rebuild's first message, in the transaction that
+	// registers the run: truncate the projection here. It does not run
+	// again when the run is resumed.
+	Reset func(ctx context.Context, tx pgx.Tx) error
+
+	// RetryDelay is the wait before a failing message is tried again in
+	// place; it doubles with each attempt up to 5s. After the consumer's
+	// MaxAttempts the message is dead-lettered (reason max_attempts) and
+	// counted as a handler error. Default: 100ms.
+	RetryDelay time.Duration
+
+	// RunID names the run. Pass the id of an interrupted run to resume it
+	// from its checkpoint, with the end, selection and hand-off fixed when it
+	// first started. Default: generated.
+	RunID string
+
+	// Select chooses the messages a repair re-runs. Required for repair.
+	Select Selection
+
+	// Stream is the stream to replay. Default: the consumer's Stream.
+	Stream string
+
+	// To is where the replay ends, inclusive. Default: Tail. A rebuild's end
+	// must be Tail or an Offset: the hand-off needs an exact offset.
+	To Position
+
+	// Wait makes a rebuild wait for the live consumer's stream lock instead
+	// of failing with ErrLiveWorker while a live worker holds it.
+	Wait bool
+
+	// now is time.Now; tests replace it.
+	now func() time.Time
+}
+
+// Selection chooses messages for a repair: those whose business key (see
+// consumer.Config.BusinessKey) is in Keys, or whose message id is in IDs.
+type Selection struct {
+	// Keys are business keys.
+	Keys []string
+	// IDs are message ids.
+	IDs []string
+}
+
+// empty reports whether s selects nothing.
+func (s Selection) empty() bool { return len(s.Keys) == 0 && len(s.IDs) == 0 }
+
+// matcher returns the predicate for consumer.BatchOptions.Only.
+func (s Selection) matcher() func(m *consumer.Message) bool {
+	keys := make(map[string]bool, len(s.Keys))
+	for _, k := range s.Keys {
+		keys[k] = true
+	}
+	ids := make(map[string]bool, len(s.IDs))
+	for _, id := range s.IDs {
+		ids[id] = true
+	}
+	return func(m *consumer.Message) bool {
+		return ids[m.ID] || (m.BusinessKey != "" && keys[m.BusinessKey])
+	}
+}
+
+// Errors returned by Run (wrapped). Arguments that make no sense are
+// reported before anything runs.
+var (
+	// ErrInvalidOptions means the options cannot describe a replay: an
+	// unknown mode, an end before the start, a time in the future, a repair
+	// without selection, operator or reason.
+	ErrInvalidOptions = errors.New("replay: invalid options")
+	// ErrLiveWorker means a live worker holds the consumer's stream lock, so
+	// a rebuild cannot pause it. Stop the live workers, or set Options.Wait.
+	ErrLiveWorker = errors.New("replay: a live worker holds the stream lock")
+	// ErrLiveMoved means the live consumer processed messages while an
+	// interrupted rebuild was waiting to resume: its writes went into a
+	// projection the rebuild had reset. Start a new rebuild.
+	ErrLiveMoved = errors.New("replay: the live consumer moved while the rebuild was interrupted")
+	// ErrRunMismatch means RunID names a run of another mode, consumer or
+	// stream.
+	ErrRunMismatch = errors.New("replay: run id belongs to another replay")
+	// ErrFindings means a forensic replay found payload conflicts or
+	// messages whose handler failed. The report says which.
+	ErrFindings = errors.New("replay: forensic replay found conflicts or handler errors")
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidOptions, fmt.Sprintf(format, args...))
+}
+
+// withDefaults fills the defaults from c and checks what can be checked
+// without the broker or the database.
+func (o Options) withDefaults(c *consumer.Consumer) (Options, error) {
+	cfg := c.Config()
+	if o.now == nil {
+		o.now = time.Now
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = cfg.BatchMaxSize
+	}
+	if o.Logger == nil {
+		o.Logger = cfg.Logger
+	}
+	if o.ProgressInterval <= 0 {
+		o.ProgressInterval = 5 * time.Second
+	}
+	if o.RetryDelay <= 0 {
+		o.RetryDelay = 100 * time.Millisecond
+	}
+	if o.Stream == "" {
+		o.Stream = cfg.Stream
+	}
+	o.From, o.To = o.From.from(), o.To.to()
+	o.Select.Keys, o.Select.IDs = clean(o.Select.Keys), clean(o.Select.IDs)
+	return o, o.validate(c)
+}
+
+func (o Options) validate(c *consumer.Consumer) error {
+	now := o.now()
+	switch o.Mode {
+	case idem.Normal, idem.Rebuild, idem.Forensic, idem.Repair:
+	case idem.Live:
+		return invalid("Mode is required (normal, rebuild, forensic or repair)")
+	default:
+		return invalid("unknown mode %q (want normal, rebuild, forensic or repair)", o.Mode)
+	}
+	switch {
+	case o.Stream == "":
+		return invalid("no stream: set Options.Stream or the consumer's Config.Stream")
+	case o.From.kind == posTail:
+		return invalid("a replay cannot start at the tail")
+	case o.To.kind == posFirst:
+		return invalid("a replay cannot end at first")
+	case o.From.kind == posTime && o.From.time.After(now):
+		return invalid("start %s is in the future", o.From)
+	case o.To.kind == posTime && o.To.time.After(now):
+		return invalid("end %s is in the future: the end must be fixed when the replay starts", o.To)
+	case o.From.kind == posOffset && o.To.kind == posOffset && o.To.offset < o.From.offset,
+		o.From.kind == posTime && o.To.kind == posTime && o.To.time.Before(o.From.time):
+		return invalid("end %s is before start %s", o.To, o.From)
+	case o.Mode == idem.Rebuild && o.To.kind == posTime:
+		return invalid("a rebuild ends at the tail or at an offset: the hand-off needs an exact offset")
+	case o.Mode != idem.Repair && (!o.Select.empty() || o.Redispatch):
+		return invalid("a selection and Redispatch are for repair only")
+	case o.Mode != idem.Rebuild && o.Reset != nil:
+		return invalid("Reset is for rebuild only")
+	case o.Mode != idem.Rebuild && o.Wait:
+		return invalid("Wait is for rebuild only")
+	case o.Mode == idem.Forensic && o.RunID != "":
+		return invalid("a forensic replay writes nothing, so it has no run to resume: run it again")
+	case o.Mode == idem.Repair && o.Select.empty() && o.RunID == "":
+		return invalid("a repair needs a selection: business keys or message ids")
+	case o.Mode == idem.Repair && o.RunID == "" && (strings.TrimSpace(o.Operator) == "" || strings.TrimSpace(o.Reason) == ""):
+		return invalid("a repair needs an operator and a reason for the audit")
+	case o.Mode == idem.Repair && len(o.Select.Keys) > 0 && c.Config().BusinessKey == nil:
+		return invalid("selecting by business key needs the consumer's Config.BusinessKey")
+	}
+	return nil
+}
+
+// clean drops empty and repeated entries.
+func clean(list []string) []string {
+	var out []string
+	for _, s := range list {
+		if s = strings.TrimSpace(s); s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,136 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/ledger"
+)
+
+// ReportLine is one message of a forensic report: one JSON object per line,
+// in stream order. The fields hold no time and no run id, so that the same
+// stream and database give the same report.
+type ReportLine struct {
+	// Kind is "message".
+	Kind string `json:"kind"`
+	// Offset is the message's stream offset.
+	Offset int64 `json:"offset"`
+	// MessageID is the message's id; empty when it has none.
+	MessageID string `json:"message_id"`
+	// BusinessKey is the message's business key, when the consumer has one.
+	BusinessKey string `json:"business_key,omitempty"`
+	// PayloadHash is the payload hash, in hex.
+	PayloadHash string `json:"payload_hash"`
+	// Inbox is what the live consumer's inbox holds for the message id:
+	// "processed-same-hash", "not-processed", "conflict" (another payload
+	// under the id), or "invalid" (the message could not be looked up:
+	// no id, too large…).
+	Inbox string `json:"inbox"`
+	// StoredHash is the hash the inbox holds, for "conflict".
+	StoredHash string `json:"stored_hash,omitempty"`
+	// Outcome is what the handler did: "ok", "error" (it failed; it would
+	// be retried) or "dead_letter" (it rejected the message for good).
+	Outcome string `json:"outcome"`
+	// Reason is the dead-letter reason, for "dead_letter".
+	Reason string `json:"reason,omitempty"`
+	// Error is the handler's error.
+	Error string `json:"error,omitempty"`
+	// Effects are the effects the handler would record.
+	Effects []ReportEffect `json:"effects"`
+}
+
+// ReportEffect is an effect a handler would record during a forensic replay.
+type ReportEffect struct {
+	// EffectID is the effect's id in the ledger.
+	EffectID string `json:"effect_id"`
+	// Type is the effect type.
+	Type string `json:"type"`
+	// BusinessKey is the effect's business key.
+	BusinessKey string `json:"business_key"`
+	// Target is where the effect would go.
+	Target string `json:"target,omitempty"`
+	// RequestHash is the SHA-256 of the request, in hex.
+	RequestHash string `json:"request_hash"`
+}
+
+// ReportSummary is the last line of a forensic report.
+type ReportSummary struct {
+	// Kind is "summary".
+	Kind string `json:"kind"`
+	// EndOffset is the end fixed at start; -1 for an empty stream.
+	EndOffset int64 `json:"end_offset"`
+	// FirstOffset and LastOffset are the first and last offsets reported;
+	// -1 when none.
+	FirstOffset int64 `json:"first_offset"`
+	LastOffset  int64 `json:"last_offset"`
+	// Messages counts the message lines.
+	Messages int64 `json:"messages"`
+	// NotProcessed, ProcessedSameHash and Conflicts count the inbox states.
+	NotProcessed      int64 `json:"not_processed"`
+	ProcessedSameHash int64 `json:"processed_same_hash"`
+	Conflicts         int64 `json:"conflicts"`
+	// HandlerErrors counts the "error" and "dead_letter" outcomes.
+	HandlerErrors int64 `json:"handler_errors"`
+	// Effects counts the effects the handlers would record.
+	Effects int64 `json:"effects"`
+}
+
+// reporter writes a forensic report.
+type reporter struct {
+	enc *json.Encoder // nil: no report wanted
+}
+
+func newReporter(w io.Writer) *reporter {
+	if w == nil {
+		return &reporter{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return &reporter{enc: enc}
+}
+
+var inboxStates = map[string]string{"new": "not-processed", "duplicate": "processed-same-hash", "conflict": "conflict", "": "invalid"}
+
+func (p *reporter) message(o consumer.Outcome, effects []ledger.Entry) error {
+	if p.enc == nil {
+		return nil
+	}
+	line := ReportLine{
+		Kind: "message", Offset: o.Offset, MessageID: o.MessageID, BusinessKey: o.BusinessKey,
+		PayloadHash: o.Hash.String(), Inbox: inboxStates[o.Inbox], Outcome: "ok", Effects: []ReportEffect{},
+	}
+	if o.Inbox == "conflict" {
+		line.StoredHash = o.StoredHash.String()
+	}
+	switch o.Result {
+	case "retried":
+		line.Outcome, line.Error = "error", errorText(o.Err)
+	case "dead_lettered":
+		line.Outcome, line.Reason, line.Error = "dead_letter", o.Reason, errorText(o.Err)
+	}
+	for _, e := range effects {
+		line.Effects = append(line.Effects, ReportEffect{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey,
+			Target: e.Target, RequestHash: e.RequestHash.String()})
+	}
+	if err := p.enc.Encode(line); err != nil {
+		return fmt.Errorf("replay: write report: %w", err)
+	}
+	return nil
+}
+
+func (p *reporter) summary(s Summary) error {
+	if p.enc == nil {
+		return nil
+	}
+	err := p.enc.Encode(ReportSummary{
+		Kind: "summary", EndOffset: s.End, FirstOffset: s.First, LastOffset: s.Last, Messages: s.Messages,
+		NotProcessed: s.NotProcessed, ProcessedSameHash: s.ProcessedSameHash, Conflicts: s.Conflicts,
+		HandlerErrors: s.HandlerErrors, Effects: s.Effects,
+	})
+	if err != nil {
+		return fmt.Errorf("replay: write report: %w", err)
+	}
+	return nil
+}

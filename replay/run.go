@@ -1,0 +1,443 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/ledger"
+)
+
+// Summary says what a replay did. Counts cover the messages this call
+// settled; a resumed run counts from where it resumed.
+type Summary struct {
+	// RunID names the run; empty for forensic replays, which keep no run.
+	RunID string
+	// Mode is the replay mode.
+	Mode idem.Mode
+	// Stream is the replayed stream.
+	Stream string
+	// End is the last offset of the range, fixed when the run first
+	// started; -1 when the stream was empty.
+	End int64
+	// First and Last are the first and last offsets replayed by this call;
+	// -1 when it replayed nothing.
+	First, Last int64
+	// Messages counts the messages settled.
+	Messages int64
+	// Processed messages ran their handler and committed (forensic: the
+	// handler succeeded; nothing committed).
+	Processed int64
+	// Duplicates were skipped: the inbox scope held them with the same hash.
+	Duplicates int64
+	// DeadLettered messages could not be processed: a dead-letter row holds
+	// the reason (forensic: none is written).
+	DeadLettered int64
+	// Skipped messages were not selected by a repair.
+	Skipped int64
+	// Conflicts reused a processed message's id with another payload.
+	Conflicts int64
+	// HandlerErrors counts messages whose handler failed for good (after
+	// the in-place retries).
+	HandlerErrors int64
+	// NotProcessed and ProcessedSameHash are the forensic inbox states: the
+	// live consumer has not processed the message, or has, with this payload.
+	NotProcessed, ProcessedSameHash int64
+	// Effects counts the effects a forensic replay captured.
+	Effects int64
+	// CaughtUp counts the messages of a rebuild past the live consumer's
+	// checkpoint, processed as the live consumer would (effects dispatched).
+	CaughtUp int64
+	// Handoff is where a rebuild moved the live consumer's checkpoint: live
+	// consumption continues after it. Valid when HasHandoff.
+	Handoff int64
+	// HasHandoff reports whether Handoff is set.
+	HasHandoff bool
+	// Redispatched counts the effects a repair sent again.
+	Redispatched int
+	// Resumed reports whether the run continued an interrupted one.
+	Resumed bool
+	// Elapsed is how long the call took.
+	Elapsed time.Duration
+}
+
+// Findings reports whether a forensic replay found conflicts or handler
+// errors.
+func (s Summary) Findings() bool { return s.Conflicts > 0 || s.HandlerErrors > 0 }
+
+// runner is the state of one Run call.
+type runner struct {
+	c      *consumer.Consumer
+	cfg    consumer.Config
+	o      Options
+	pool   *pgxpool.Pool
+	tables idem.Tables
+	env    *streamio.Env
+	log    *slog.Logger
+	row    *run // nil for forensic
+	sum    Summary
+	report *reporter
+	prog   *progress
+
+	main, catchUp *segment // how messages are processed; see segments
+
+	settled atomic.Int64 // messages settled, for progress
+	first   atomic.Int64 // first offset settled, for progress
+	last    atomic.Int64 // last offset settled, for progress
+}
+
+// errEnd stops a read that reached the run's fixed end.
+var errEnd = errors.New("replay: end reached")
+
+// Run replays opts.Stream (default: the consumer's stream) through c's
+// handler in opts.Mode, from opts.From to an end fixed when the run first
+// starts, and returns when the end is reached. See the package
+// documentation for what each mode does. A run interrupted by an error or a
+// cancelled ctx resumes from its checkpoint when Run is called again with
+// the same RunID (printed in the logs and kept in Summary.RunID).
+//
+// A forensic replay that finds conflicts or handler errors returns its
+// Summary with an error wrapping ErrFindings.
+func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, error) {
+	started := time.Now()
+	o, err := opts.withDefaults(c)
+	if err != nil {
+		return Summary{}, err
+	}
+	cfg := c.Config()
+	if o.Mode == idem.Rebuild && o.Stream != cfg.Stream {
+		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", cfg.Stream, o.Stream)
+	}
+	uri, err := streamURL(cfg)
+	if err != nil {
+		return Summary{}, err
+	}
+	env, err := streamio.Open(ctx, streamio.Config{URI: uri, Logger: o.Logger})
+	if err != nil {
+		return Summary{}, fmt.Errorf("replay: %w", err)
+	}
+	defer env.Close()
+	r := &runner{
+		c: c, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		log: o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
+		sum: Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
+	}
+	r.first.Store(-1)
+	r.last.Store(-1)
+	err = r.run(ctx)
+	r.sum.Elapsed = time.Since(started)
+	if err == nil && o.Mode == idem.Forensic && r.sum.Findings() {
+		err = fmt.Errorf("%w: %d conflicts, %d handler errors", ErrFindings, r.sum.Conflicts, r.sum.HandlerErrors)
+	}
+	return r.sum, err
+}
+
+// streamURL is the consumer's stream URL, or one derived like Config does.
+func streamURL(cfg consumer.Config) (string, error) {
+	switch {
+	case cfg.StreamURL != "":
+		return cfg.StreamURL, nil
+	case cfg.AMQPURL != "":
+		return streamio.StreamURL(cfg.AMQPURL)
+	default:
+		return streamio.URLFromEnv(), nil
+	}
+}
+
+func (r *runner) run(ctx context.Context) error {
+	if r.o.Mode == idem.Forensic {
+		end, err := r.resolveEnd(ctx)
+		if err != nil {
+			return err
+		}
+		r.sum.End = end
+		r.report = newReporter(r.o.Report)
+		if err := r.read(ctx, r.o.From, end); err != nil {
+			return err
+		}
+		return r.report.summary(r.sum)
+	}
+
+	if r.o.Mode == idem.Rebuild {
+		lock, err := r.lockStream(ctx)
+		if err != nil {
+			return err
+		}
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(ctx)
+		defer stop(nil)
+		go func() { // owned: ends when ctx does, which Run cancels on return
+			select {
+			case <-lock.Lost():
+				stop(errors.New("replay: lost the stream lock; resume the run"))
+			case <-ctx.Done():
+			}
+		}()
+		defer func() {
+			if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+				r.log.Warn("releasing the stream lock", "error", err)
+			}
+		}()
+	}
+
+	from, err := r.start(ctx)
+	if err != nil || r.row.status == "finished" {
+		return err
+	}
+	r.sum.RunID, r.sum.End = r.row.id, r.row.end
+	r.log = r.log.With("run_id", r.row.id)
+	r.log.Info("replay started", "from", from.String(), "end", r.row.end, "resumed", r.sum.Resumed)
+	if err := r.read(ctx, from, r.row.end); err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+		return fmt.Errorf("%w (resume with run id %s)", err, r.row.id)
+	}
+	return r.finish(ctx)
+}
+
+// resolveEnd fixes the last offset to read: the tail now, or the given
+// offset if it comes first. A time end keeps the tail; records after the
+// time are dropped while reading.
+func (r *runner) resolveEnd(ctx context.Context) (int64, error) {
+	tail, ok, err := r.env.Tail(ctx, r.o.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	if !ok {
+		return -1, nil
+	}
+	if r.o.To.kind == posOffset {
+		return min(tail, r.o.To.offset), nil
+	}
+	return tail, nil
+}
+
+// start registers a new run (running Reset for a rebuild) or loads the
+// interrupted one, and returns where reading starts.
+func (r *runner) start(ctx context.Context) (Position, error) {
+	id := r.o.RunID
+	if id != "" {
+		row, err := r.getRun(ctx, id)
+		if err != nil {
+			return Position{}, err
+		}
+		if row != nil {
+			return r.resume(ctx, row)
+		}
+	} else {
+		id = newRunID(r.o.now())
+	}
+	if r.o.Mode == idem.Repair && r.o.Select.empty() {
+		return Position{}, invalid("a repair needs a selection: business keys or message ids")
+	}
+	if r.o.Mode == idem.Repair && (strings.TrimSpace(r.o.Operator) == "" || strings.TrimSpace(r.o.Reason) == "") {
+		return Position{}, invalid("a repair needs an operator and a reason for the audit")
+	}
+	end, err := r.resolveEnd(ctx)
+	if err != nil {
+		return Position{}, err
+	}
+	row := &run{
+		id: id, mode: string(r.o.Mode), consumer: r.cfg.Name, stream: r.o.Stream,
+		from: r.o.From.String(), to: r.o.To.String(), end: end,
+		keys: r.o.Select.Keys, ids: r.o.Select.IDs, redispatch: r.o.Redispatch,
+		operator: r.o.Operator, reason: r.o.Reason, status: "running",
+	}
+	if r.o.Mode == idem.Rebuild {
+		live, err := r.liveCheckpoint(ctx)
+		if err != nil {
+			return Position{}, err
+		}
+		if end >= 0 && live > end {
+			return Position{}, invalid("the rebuild would end at offset %d, before the live consumer's checkpoint %d: "+
+				"the live consumer would skip (%d, %d] as duplicates of its own inbox; rebuild to at least %d",
+				end, live, end, live, live)
+		}
+		row.live = &live
+	}
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if err := r.insertRun(ctx, tx, row); err != nil {
+			return err
+		}
+		if r.o.Reset != nil {
+			if err := r.o.Reset(ctx, tx); err != nil {
+				return fmt.Errorf("replay: reset hook: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Position{}, err
+	}
+	r.row = row
+	return r.o.From, nil
+}
+
+// resume continues the interrupted run row from its checkpoint.
+func (r *runner) resume(ctx context.Context, row *run) (Position, error) {
+	if row.mode != string(r.o.Mode) || row.consumer != r.cfg.Name || row.stream != r.o.Stream {
+		return Position{}, fmt.Errorf("%w: run %s is a %s replay of %s by %s", ErrRunMismatch, row.id, row.mode, row.stream, row.consumer)
+	}
+	r.row = row
+	r.sum.Resumed = true
+	r.sum.RunID, r.sum.End = row.id, row.end
+	if row.status == "finished" {
+		if row.handoff != nil {
+			r.sum.Handoff, r.sum.HasHandoff = *row.handoff, true
+		}
+		r.log.Info("replay run already finished", "run_id", row.id)
+		return Position{}, nil
+	}
+	r.o.Select = Selection{Keys: row.keys, IDs: row.ids}
+	r.o.Redispatch = row.redispatch
+	r.o.Operator, r.o.Reason = row.operator, row.reason
+	r.o.From, r.o.To = mustParse(row.from), mustParse(row.to)
+	if r.o.To.kind != posTime {
+		r.o.To = Offset(row.end)
+	}
+	last, ok, err := consumer.Checkpoint(ctx, r.pool, r.tables, runScope(r.cfg.Name, row.id), row.stream)
+	if err != nil {
+		return Position{}, err
+	}
+	if row.live != nil {
+		live, err := r.liveCheckpoint(ctx)
+		if err != nil {
+			return Position{}, err
+		}
+		// The catch-up past the live checkpoint advances both checkpoints in
+		// the same transaction; anything else means a live worker ran.
+		if live != *row.live && !(ok && live == last && live > *row.live) {
+			return Position{}, fmt.Errorf("%w: its checkpoint was %d when run %s started and is %d now",
+				ErrLiveMoved, *row.live, row.id, live)
+		}
+	}
+	if ok {
+		return Offset(last + 1), nil
+	}
+	return r.o.From, nil
+}
+
+// mustParse reads a position stored by start.
+func mustParse(s string) Position {
+	p, err := ParsePosition(s)
+	if err != nil {
+		return Position{}
+	}
+	return p
+}
+
+// liveCheckpoint returns the live consumer's checkpoint, -1 for none.
+func (r *runner) liveCheckpoint(ctx context.Context) (int64, error) {
+	last, ok, err := consumer.Checkpoint(ctx, r.pool, r.tables, r.cfg.Name, r.o.Stream)
+	if err != nil || !ok {
+		return -1, err
+	}
+	return last, nil
+}
+
+// read replays [from, end] batch by batch.
+func (r *runner) read(ctx context.Context, from Position, end int64) error {
+	if end < 0 || from.kind == posOffset && from.offset > end {
+		return nil
+	}
+	if r.o.Progress != nil {
+		r.prog = startProgress(r.o.Progress, r.o.ProgressInterval, string(r.o.Mode)+" "+r.o.Stream, from, end, &r.settled, &r.first, &r.last)
+		defer r.prog.stop()
+	}
+	to := Offset(end)
+	if r.o.To.kind == posTime {
+		to = r.o.To
+	}
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: to.stream(), MaxBatch: r.o.BatchSize}
+	err := r.env.Read(ctx, spec, func(ctx context.Context, recs []streamio.Record) error {
+		n := len(recs)
+		for n > 0 && recs[n-1].Offset > end {
+			n--
+		}
+		if n > 0 {
+			if err := r.batch(ctx, recs[:n]); err != nil {
+				return err
+			}
+		}
+		if n < len(recs) || recs[len(recs)-1].Offset == end {
+			return errEnd
+		}
+		return nil
+	})
+	if errors.Is(err, errEnd) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	return nil
+}
+
+// finish ends a run: the rebuild's hand-off, the repair's re-dispatch, and
+// the run's row, in one transaction where it matters.
+func (r *runner) finish(ctx context.Context) error {
+	if r.row.redispatch {
+		n, err := r.redispatch(ctx)
+		r.sum.Redispatched = n
+		if err != nil {
+			return err
+		}
+	}
+	var handoff *int64
+	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		if r.row.live != nil && r.row.end >= 0 {
+			handoff = ptr(r.row.end)
+			if err := consumer.MoveCheckpoint(ctx, tx, r.tables, r.cfg.Name, r.row.stream, r.row.end); err != nil {
+				return err
+			}
+		}
+		return r.finishRun(ctx, tx, handoff)
+	})
+	if err != nil {
+		return err
+	}
+	if handoff != nil {
+		r.sum.Handoff, r.sum.HasHandoff = *handoff, true
+	}
+	r.log.Info("replay finished", "messages", r.sum.Messages, "processed", r.sum.Processed,
+		"duplicates", r.sum.Duplicates, "dead_lettered", r.sum.DeadLettered, "handoff", handoff)
+	return nil
+}
+
+// redispatch sends the failed_terminal and unknown effects of the messages
+// the repair re-ran again, through the ledger's audited resolution.
+func (r *runner) redispatch(ctx context.Context) (int, error) {
+	rows, err := r.pool.Query(ctx, fmt.Sprintf(redispatchSQL, r.tables.Table("ledger"), r.tables.Table("replay_audit")), r.row.id)
+	if err != nil {
+		return 0, fmt.Errorf("replay: find effects to re-dispatch: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("replay: find effects to re-dispatch: %w", err)
+	}
+	l, err := ledger.New(ledger.Config{Pool: r.pool, Tables: r.tables})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		_, err := l.Resolve(ctx, id, ledger.Resolution{As: ledger.StatusPending, Operator: r.row.operator,
+			Reason: fmt.Sprintf("repair run %s: %s", r.row.id, r.row.reason)})
+		if err != nil {
+			return n, fmt.Errorf("replay: re-dispatch: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}

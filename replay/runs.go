@@ -1,0 +1,159 @@
+package replay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// run is a row of the replay_runs table: what a run fixed when it started.
+type run struct {
+	id, mode, consumer, stream string
+	from, to                   string
+	end                        int64
+	live, handoff              *int64
+	keys, ids                  []string
+	redispatch                 bool
+	operator, reason           string
+	status                     string
+}
+
+const runColumns = `run_id, mode, consumer, stream, from_position, to_position, end_offset, live_offset,
+	handoff_offset, select_keys, select_ids, redispatch, operator, reason, status`
+
+const (
+	insertRunSQL = `INSERT INTO %s (` + runColumns + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
+	getRunSQL    = `SELECT ` + runColumns + ` FROM %s WHERE run_id = $1`
+	finishRunSQL = `UPDATE %s SET status = 'finished', finished_at = now(), handoff_offset = $2
+WHERE run_id = $1 AND status = 'running'`
+)
+
+func (r *runner) insertRun(ctx context.Context, tx pgx.Tx, row *run) error {
+	_, err := tx.Exec(ctx, fmt.Sprintf(insertRunSQL, r.tables.Table("replay_runs")),
+		row.id, row.mode, row.consumer, row.stream, row.from, row.to, row.end, row.live, row.handoff,
+		nonNil(row.keys), nonNil(row.ids), row.redispatch, row.operator, row.reason, row.status)
+	if err != nil {
+		return fmt.Errorf("replay: register run %s: %w", row.id, err)
+	}
+	return nil
+}
+
+// getRun returns the run with id, or nil when there is none.
+func (r *runner) getRun(ctx context.Context, id string) (*run, error) {
+	row := &run{}
+	err := r.pool.QueryRow(ctx, fmt.Sprintf(getRunSQL, r.tables.Table("replay_runs")), id).Scan(
+		&row.id, &row.mode, &row.consumer, &row.stream, &row.from, &row.to, &row.end, &row.live,
+		&row.handoff, &row.keys, &row.ids, &row.redispatch, &row.operator, &row.reason, &row.status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("replay: load run %s: %w", id, err)
+	}
+	return row, nil
+}
+
+func (r *runner) finishRun(ctx context.Context, tx pgx.Tx, handoff *int64) error {
+	tag, err := tx.Exec(ctx, fmt.Sprintf(finishRunSQL, r.tables.Table("replay_runs")), r.row.id, handoff)
+	if err != nil {
+		return fmt.Errorf("replay: finish run %s: %w", r.row.id, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("replay: finish run %s: another process finished it", r.row.id)
+	}
+	return nil
+}
+
+// insertAuditSQL writes a repair batch's audit rows in one statement.
+const insertAuditSQL = `INSERT INTO %s
+	(run_id, consumer, stream, stream_offset, message_id, business_key, payload_hash, inbox, outcome, error, operator, reason)
+SELECT $1, $2, $3, t.stream_offset, t.message_id, NULLIF(t.business_key, ''), t.payload_hash, t.inbox, t.outcome, t.error, $4, $5
+FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[])
+	AS t(stream_offset, message_id, business_key, payload_hash, inbox, outcome, error)`
+
+// maxAuditError bounds the error text kept per audit row.
+const maxAuditError = 4096
+
+// audit writes an audit row for each settled, selected message of outs.
+func (r *runner) audit(ctx context.Context, tx pgx.Tx, outs []consumer.Outcome) error {
+	var (
+		offsets                                []int64
+		ids, keys, inboxes, results, errorsTxt []string
+		hashes                                 [][]byte
+	)
+	for _, o := range outs {
+		if o.Result != "processed" && o.Result != "dead_lettered" {
+			continue // skipped (not selected) or retried (audited when settled)
+		}
+		h := o.Hash
+		offsets = append(offsets, o.Offset)
+		ids = append(ids, o.MessageID)
+		keys = append(keys, o.BusinessKey)
+		hashes = append(hashes, h[:])
+		inboxes = append(inboxes, o.Inbox)
+		results = append(results, o.Result)
+		errorsTxt = append(errorsTxt, truncate(errorText(o.Err), maxAuditError))
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(insertAuditSQL, r.tables.Table("replay_audit")),
+		r.row.id, r.cfg.Name, r.o.Stream, r.row.operator, r.row.reason,
+		offsets, ids, keys, hashes, inboxes, results, errorsTxt)
+	if err != nil {
+		return fmt.Errorf("replay: write %d audit rows: %w", len(ids), err)
+	}
+	return nil
+}
+
+// redispatchSQL finds the failed_terminal and unknown effects caused by the
+// messages a repair run re-ran.
+const redispatchSQL = `SELECT DISTINCT e.effect_id FROM %s e
+JOIN %s a ON a.consumer = e.consumer AND a.message_id = e.message_id
+WHERE a.run_id = $1 AND a.outcome = 'processed' AND e.status IN ('failed_terminal', 'unknown')
+ORDER BY 1`
+
+// newRunID returns a sortable, unique run id: UTC time and random hex.
+func newRunID(now time.Time) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return now.UTC().Format("20060102T150405") + "-" + hex.EncodeToString(b[:])
+}
+
+// runScope is the checkpoint scope of run id of consumer name.
+func runScope(name, id string) string { return name + "@replay:" + id }
+
+// rebuildScope is the private inbox scope of rebuild run id.
+func rebuildScope(name, id string) string { return name + "@rebuild:" + id }
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func errorText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// ptr returns a pointer to a copy of v.
+func ptr[T any](v T) *T { return &v }
