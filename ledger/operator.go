@@ -11,9 +11,10 @@ import (
 )
 
 const listSQL = `SELECT {columns} FROM {ledger}
-WHERE ($1 = '' OR status = $1) AND ($2 = '' OR effect_type = $2)
+WHERE ($1 = '' OR status = $1) AND ($2 = '' OR effect_type = $2) AND ($3 = '' OR consumer = $3)
+	AND (cardinality($4::text[]) = 0 OR message_id = ANY($4::text[]))
 ORDER BY created_at, effect_id
-LIMIT $3`
+LIMIT $5`
 
 const statsSQL = `SELECT status, count(*) FROM {ledger} GROUP BY status`
 
@@ -34,6 +35,11 @@ type Filter struct {
 	Status Status
 	// Type keeps entries of this effect type; empty keeps all.
 	Type string
+	// Consumer keeps entries recorded by this consumer; empty keeps all.
+	Consumer string
+	// MessageIDs keeps entries recorded while processing these messages
+	// (with Consumer, to scope them); empty keeps all.
+	MessageIDs []string
 	// Limit is the most entries returned. Default: 100.
 	Limit int
 }
@@ -49,7 +55,11 @@ func (l *Ledger) List(ctx context.Context, f Filter) ([]Entry, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := l.pool.Query(ctx, l.sql.list, string(f.Status), f.Type, f.Limit)
+	ids := f.MessageIDs
+	if ids == nil {
+		ids = []string{}
+	}
+	rows, err := l.pool.Query(ctx, l.sql.list, string(f.Status), f.Type, f.Consumer, ids, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: list: %w", err)
 	}

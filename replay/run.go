@@ -418,26 +418,32 @@ func (r *runner) finish(ctx context.Context) error {
 // redispatch sends the failed_terminal and unknown effects of the messages
 // the repair re-ran again, through the ledger's audited resolution.
 func (r *runner) redispatch(ctx context.Context) (int, error) {
-	rows, err := r.pool.Query(ctx, fmt.Sprintf(redispatchSQL, r.tables.Table("ledger"), r.tables.Table("replay_audit")), r.row.id)
+	rows, err := r.pool.Query(ctx, fmt.Sprintf(rerunIDsSQL, r.tables.Table("replay_audit")), r.row.id)
 	if err != nil {
-		return 0, fmt.Errorf("replay: find effects to re-dispatch: %w", err)
+		return 0, fmt.Errorf("replay: find re-run messages: %w", err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, fmt.Errorf("replay: find effects to re-dispatch: %w", err)
+	if err != nil || len(ids) == 0 {
+		return 0, err
 	}
 	l, err := ledger.New(ledger.Config{Pool: r.pool, Tables: r.tables})
 	if err != nil {
 		return 0, err
 	}
 	n := 0
-	for _, id := range ids {
-		_, err := l.Resolve(ctx, id, ledger.Resolution{As: ledger.StatusPending, Operator: r.row.operator,
-			Reason: fmt.Sprintf("repair run %s: %s", r.row.id, r.row.reason)})
+	for _, status := range []ledger.Status{ledger.StatusFailedTerminal, ledger.StatusUnknown} {
+		entries, err := l.List(ctx, ledger.Filter{Status: status, Consumer: r.cfg.Name, MessageIDs: ids, Limit: 100000})
 		if err != nil {
-			return n, fmt.Errorf("replay: re-dispatch: %w", err)
+			return n, fmt.Errorf("replay: find effects to re-dispatch: %w", err)
 		}
-		n++
+		for _, e := range entries {
+			_, err := l.Resolve(ctx, e.ID, ledger.Resolution{As: ledger.StatusPending, Operator: r.row.operator,
+				Reason: fmt.Sprintf("repair run %s: %s", r.row.id, r.row.reason)})
+			if err != nil {
+				return n, fmt.Errorf("replay: re-dispatch: %w", err)
+			}
+			n++
+		}
 	}
 	return n, nil
 }

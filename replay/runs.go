@@ -114,12 +114,8 @@ func (r *runner) audit(ctx context.Context, tx pgx.Tx, outs []consumer.Outcome) 
 	return nil
 }
 
-// redispatchSQL finds the failed_terminal and unknown effects caused by the
-// messages a repair run re-ran.
-const redispatchSQL = `SELECT DISTINCT e.effect_id FROM %s e
-JOIN %s a ON a.consumer = e.consumer AND a.message_id = e.message_id
-WHERE a.run_id = $1 AND a.outcome = 'processed' AND e.status IN ('failed_terminal', 'unknown')
-ORDER BY 1`
+// rerunIDsSQL lists the messages a repair run re-ran successfully.
+const rerunIDsSQL = `SELECT DISTINCT message_id FROM %s WHERE run_id = $1 AND outcome = 'processed' ORDER BY 1`
 
 // newRunID returns a sortable, unique run id: UTC time and random hex.
 func newRunID(now time.Time) string {

@@ -93,6 +93,19 @@ type Lock struct {
 // session holds it, until it gets it or ctx ends (ctx's error is returned,
 // wrapped). A connection that breaks while waiting is replaced.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config) (*Lock, error) {
+	return acquire(ctx, pool, key, cfg, false)
+}
+
+// ErrHeld is returned by TryAcquire while another session holds the lock.
+var ErrHeld = errors.New("pglock: held by another session")
+
+// TryAcquire takes the lock if it is free and returns ErrHeld at once if
+// another session holds it.
+func TryAcquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config) (*Lock, error) {
+	return acquire(ctx, pool, key, cfg, true)
+}
+
+func acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config, once bool) (*Lock, error) {
 	cfg = cfg.withDefaults()
 	id := Key(key)
 	logger := cfg.Logger.With(slog.String("lock_key", key), slog.Int64("lock_id", id))
@@ -122,6 +135,9 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config) (*
 			logger.Warn("pglock: try lock failed, reconnecting", slog.Any("error", err))
 			discard(conn)
 			conn = nil
+		case err == nil && once:
+			conn.Release()
+			return nil, fmt.Errorf("pglock: acquire %s: %w", key, ErrHeld)
 		case err == nil && !waiting:
 			waiting = true
 			logger.Info("pglock: held elsewhere, waiting as standby")

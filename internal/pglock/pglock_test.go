@@ -151,3 +151,18 @@ func TestKeyIsStableAcrossVersions(t *testing.T) {
 	require.Equal(t, int64(-635469962069592284), Key("orders/stream-a"))
 	require.NotEqual(t, Key("orders/stream-a"), Key("orders/stream-b"))
 }
+
+func TestTryAcquireFailsAtOnceWhileHeld(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	ctx := context.Background()
+	key := testdb.Name(t, "try")
+	first, err := TryAcquire(ctx, pool, key, Config{})
+	require.NoError(t, err)
+	_, err = TryAcquire(ctx, pool, key, Config{})
+	require.ErrorIs(t, err, ErrHeld)
+	require.NoError(t, first.Release(ctx))
+	second, err := TryAcquire(ctx, pool, key, Config{})
+	require.NoError(t, err)
+	require.NoError(t, second.Release(ctx))
+}
