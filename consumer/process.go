@@ -159,6 +159,8 @@ type batchOptions struct {
 	// batch runs optimistically, and the first handler error sends the
 	// whole batch back to run again with savepoints (errNeedSavepoints).
 	savepoints bool
+	// asyncCommit sets synchronous_commit off for the batch (BatchOptions.AsyncCommit).
+	asyncCommit bool
 	// messageContext decorates each message's handler context.
 	messageContext func(context.Context, *Message) context.Context
 	// beforeCommit runs last inside the transaction (checkpoints, audit rows).
@@ -226,6 +228,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 			cancel()
 		}
 	}()
+	if opts.asyncCommit {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			return nil, &batchError{err: fmt.Errorf("async commit: %w", err)}
+		}
+	}
 
 	claims := make([]inbox.Claim, 0, len(msgs))
 	index := make([]int, 0, len(msgs))

@@ -96,6 +96,12 @@ type BatchOptions struct {
 	// MessageContext, when set, decorates each handler's context (a replay
 	// attaches a ledger capture to it, for instance).
 	MessageContext func(ctx context.Context, m *Message) context.Context
+	// AsyncCommit commits with synchronous_commit off: a crash may lose the
+	// last batches, never part of one. Only for work that is redone after a
+	// crash and has nothing outside the database depend on its commit — a
+	// rebuild, whose checkpoint is in the same transaction and whose effects
+	// are suppressed. Never for queue consumption, which acks after commit.
+	AsyncCommit bool
 	// BeforeCommit, when set, runs last inside the batch transaction, after
 	// the handlers, with the outcomes so far (checkpoints and audit rows are
 	// written here). Not called when ReadOnly.
@@ -112,7 +118,7 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 		prepared[i] = c.fromIncoming(in)
 	}
 	bo := batchOptions{scope: opts.Scope, readOnly: opts.ReadOnly, only: opts.Only, rerun: opts.Rerun,
-		messageContext: opts.MessageContext}
+		messageContext: opts.MessageContext, asyncCommit: opts.AsyncCommit}
 	if opts.BeforeCommit != nil {
 		bo.beforeCommit = func(ctx context.Context, tx pgx.Tx, results []result) error {
 			return opts.BeforeCommit(ctx, tx, outcomes(prepared, results))

@@ -43,7 +43,13 @@ func (r *runner) segments() (main, catchUp *segment) {
 	own := runScope(r.cfg.Name, r.row.id)
 	switch r.o.Mode {
 	case idem.Rebuild:
-		return &segment{mode: idem.Rebuild, opts: consumer.BatchOptions{Scope: rebuildScope(r.cfg.Name, r.row.id)}, scopes: []string{own}},
+		// The rebuild's own batches may commit asynchronously: a crash
+		// loses their projection writes together with the checkpoint that
+		// covers them, and the resumed run redoes them; effects are
+		// suppressed. The catch-up segment acts for the live consumer and
+		// commits synchronously.
+		return &segment{mode: idem.Rebuild, opts: consumer.BatchOptions{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true},
+				scopes: []string{own}},
 			&segment{mode: idem.Normal, scopes: []string{own, r.cfg.Name}, catchUp: true}
 	case idem.Repair:
 		return &segment{mode: idem.Repair, opts: consumer.BatchOptions{Only: r.o.Select.matcher(), Rerun: true},

@@ -19,8 +19,10 @@ import (
 // Options configure Run. Mode is required; so are Select, Operator and
 // Reason for a repair. Every other field has the default its comment states.
 type Options struct {
-	// BatchSize is the most messages run in one transaction.
-	// Default: the consumer's BatchMaxSize.
+	// BatchSize is the most messages run in one transaction. Default:
+	// 1000, or the consumer's BatchMaxSize when larger: a replay reads what
+	// is already stored, so its batches are full, and larger batches
+	// amortise the commit and the inbox statement better.
 	BatchSize int
 
 	// From is where the replay starts. Default: First.
@@ -147,6 +149,9 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidOptions, fmt.Sprintf(format, args...))
 }
 
+// defaultBatchSize is the smallest default batch of a replay.
+const defaultBatchSize = 1000
+
 // withDefaults fills the defaults from c and checks what can be checked
 // without the broker or the database.
 func (o Options) withDefaults(c *consumer.Consumer) (Options, error) {
@@ -155,7 +160,7 @@ func (o Options) withDefaults(c *consumer.Consumer) (Options, error) {
 		o.now = time.Now
 	}
 	if o.BatchSize <= 0 {
-		o.BatchSize = cfg.BatchMaxSize
+		o.BatchSize = max(cfg.BatchMaxSize, defaultBatchSize)
 	}
 	if o.Logger == nil {
 		o.Logger = cfg.Logger
