@@ -4,10 +4,17 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo test services vet bench
+.PHONY: demo demo-quickstart demo-payments test services vet bench
 
-demo: services
+# demo: the quickstart worker, then the payments chain
+# (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
+demo: demo-quickstart demo-payments
+
+demo-quickstart: services
 	$(GO) run ./examples/quickstart demo
+
+demo-payments: services
+	$(GO) run ./examples/payments demo
 
 test: services vet
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...

@@ -25,6 +25,8 @@ type Publishing struct {
 	Headers map[string]string `json:"headers,omitempty"`
 	// Body is the message body.
 	Body []byte `json:"body"`
+	// CorrelationID is the message's correlation-id property. Optional.
+	CorrelationID string `json:"correlation_id,omitempty"`
 }
 
 // AMQPConfig configures an AMQPExecutor.
@@ -114,13 +116,14 @@ func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 		p.ContentType = "application/json"
 	}
 	msg := amqp.Publishing{
-		MessageId:    call.EffectID,
-		Type:         call.Type,
-		ContentType:  p.ContentType,
-		DeliveryMode: amqp.Persistent,
-		Timestamp:    time.Now(),
-		Headers:      headers,
-		Body:         p.Body,
+		MessageId:     call.EffectID,
+		CorrelationId: p.CorrelationID,
+		Type:          call.Type,
+		ContentType:   p.ContentType,
+		DeliveryMode:  amqp.Persistent,
+		Timestamp:     time.Now(),
+		Headers:       headers,
+		Body:          p.Body,
 	}
 	wait, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
 	if err != nil {

@@ -30,6 +30,8 @@ type demoConfig struct {
 	tables  idem.Tables
 	publish publishConfig
 	faults  faults
+	// http says what is sent to the API; http.n == 0 leaves the API out.
+	http httpDemoConfig
 	// gatewayTimeout bounds one gateway call.
 	gatewayTimeout time.Duration
 	// timeout bounds the wait for everything to settle.
@@ -47,8 +49,16 @@ func runDemo(ctx context.Context, args []string) error {
 	f := faultFlags(fs, faults{FailRate: 0.1, DropAfterChargeRate: 0.05})
 	gatewayTimeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
 	timeout := fs.Duration("timeout", 3*time.Minute, "how long to wait for every message and capture to settle")
+	withHTTP := fs.Bool("http", true, "also run the API and send capture requests over HTTP with Idempotency-Keys")
+	hcfg := httpDemoConfig{}
+	fs.IntVar(&hcfg.n, "http-n", 200, "distinct Idempotency-Keys sent to the API")
+	fs.Float64Var(&hcfg.dup, "http-dup", 0.2, "fraction of keys sent three times at once (double clicks)")
+	fs.Float64Var(&hcfg.retry, "http-retry", 0.2, "fraction of keys sent again after their answer (client retries)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if !*withHTTP {
+		hcfg.n = 0
 	}
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
@@ -57,16 +67,18 @@ func runDemo(ctx context.Context, args []string) error {
 	defer pool.Close()
 	pub.amqpURL, pub.bad = svc.amqpURL, true
 	return demo(ctx, demoConfig{
-		pool: pool, tables: tables, publish: *pub, faults: *f,
+		pool: pool, tables: tables, publish: *pub, faults: *f, http: hcfg,
 		gatewayTimeout: *gatewayTimeout, timeout: *timeout,
 		logger: newLogger(slog.LevelInfo), workerLog: newLogger(slog.LevelError), out: os.Stdout,
 	})
 }
 
 // demo starts a gateway on a free port and a worker, publishes capture
-// requests with duplicates, producer retries and bad messages, waits until
-// every message is settled and every capture is done, then prints the
-// gateway's stats and checks that each capture request was charged once.
+// requests with duplicates, producer retries and bad messages, sends capture
+// requests to the API (when cfg.http.n > 0) with retried, concurrently
+// duplicated and reused keys, waits until every message is settled and every
+// capture is done, then prints the gateway's stats and checks that each
+// capture request was charged once.
 func demo(ctx context.Context, cfg demoConfig) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -96,16 +108,34 @@ func demo(ctx context.Context, cfg demoConfig) error {
 	}
 
 	var rep demoReport
-	err = runAll(ctx,
-		func(ctx context.Context) error { return serveGateway(ctx, ln, g) },
+	apiURL := ""
+	fns := []func(context.Context) error{
+		func(ctx context.Context) error { return serveHTTP(ctx, "gateway", ln, g.handler()) },
 		w.run,
 		func(ctx context.Context) error {
 			var err error
-			rep, err = drive(ctx, cfg, w.consumer, gatewayURL)
+			rep, err = drive(ctx, cfg, w.consumer, gatewayURL, apiURL)
 			return err
 		},
-	)
-	if err != nil {
+	}
+	if cfg.http.n > 0 {
+		a, err := newAPI(ctx, apiConfig{
+			pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
+			wait: 5 * time.Second, logger: cfg.workerLog,
+			tuneDispatcher: func(d *ledger.DispatcherConfig) { d.PollInterval = 200 * time.Millisecond },
+		})
+		if err != nil {
+			return err
+		}
+		apiLn, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("demo: api listener: %w", err)
+		}
+		defer apiLn.Close()
+		apiURL = "http://" + apiLn.Addr().String()
+		fns = append(fns, func(ctx context.Context) error { return a.run(ctx, apiLn) })
+	}
+	if err := runAll(ctx, fns...); err != nil {
 		return err
 	}
 	return rep.print(cfg.out)
@@ -114,6 +144,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 // demoReport is what a demo run observed.
 type demoReport struct {
 	pub       published
+	http      httpReport // zero when the API was left out
 	took      time.Duration
 	consumer  consumer.Stats
 	gateway   gatewayStats
@@ -126,8 +157,9 @@ type demoReport struct {
 	deadTable string
 }
 
-// drive publishes, waits until everything is settled and collects the report.
-func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL string) (demoReport, error) {
+// drive publishes, sends the HTTP requests (when apiURL is set), waits until
+// everything is settled and collects the report.
+func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL, apiURL string) (demoReport, error) {
 	rep := demoReport{dlqName: cfg.publish.queue + ".dlq", deadTable: cfg.tables.Table("dead_letters")}
 	start := time.Now()
 	var err error
@@ -136,18 +168,30 @@ func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL
 	}
 	cfg.logger.Info("published", "messages", rep.pub.messages, "captures", rep.pub.captures,
 		"duplicates", rep.pub.dups, "producer_retries", rep.pub.retries, "prefix", rep.pub.prefix)
+	if apiURL != "" {
+		if rep.http, err = sendHTTP(ctx, cfg.http, apiURL, rep.pub.prefix); err != nil {
+			return rep, err
+		}
+		cfg.logger.Info("sent over http", "requests", rep.http.requests, "keys", rep.http.keys,
+			"capture_requests", len(rep.http.ids))
+	}
+	httpIDs := rep.http.captureRequestIDs()
+	messages := rep.pub.messages + len(httpIDs)
 	like := rep.pub.prefix + "-%"
 	deadline := time.Now().Add(cfg.timeout)
 	lastLog := time.Now()
 	for {
 		s := c.Stats()
 		settled := s.Processed + s.Duplicates + s.DeadLettered
+		// The HTTP requests' outbox messages and captures have their
+		// captureRequestIds as business keys.
 		open, err := count(ctx, cfg.pool, `SELECT count(*) FROM `+cfg.tables.Table("ledger")+
-			` WHERE business_key LIKE $1 AND status IN ('pending', 'in_flight', 'failed_retryable')`, like)
+			` WHERE (business_key LIKE $1 OR business_key = ANY($2)) AND status IN ('pending', 'in_flight', 'failed_retryable')`,
+			like, httpIDs)
 		if err != nil {
 			return rep, err
 		}
-		if settled >= int64(rep.pub.messages) && open == 0 {
+		if settled >= int64(messages) && open == 0 {
 			// The runtime counts a dead letter before its publish to the
 			// dead-letter queue is confirmed.
 			if rep.dlq, err = queueDepth(cfg.publish.amqpURL, rep.dlqName); err != nil {
@@ -158,11 +202,11 @@ func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL
 			}
 		}
 		if time.Now().After(deadline) {
-			return rep, fmt.Errorf("demo: not settled after %s: %d of %d messages, %d captures still open, %d dead letters in %s",
-				cfg.timeout, settled, rep.pub.messages, open, rep.dlq, rep.dlqName)
+			return rep, fmt.Errorf("demo: not settled after %s: %d of %d messages, %d effects still open, %d dead letters in %s",
+				cfg.timeout, settled, messages, open, rep.dlq, rep.dlqName)
 		}
 		if time.Since(lastLog) >= time.Second {
-			cfg.logger.Info("waiting", "settled", settled, "messages", rep.pub.messages, "open_captures", open)
+			cfg.logger.Info("waiting", "settled", settled, "messages", messages, "open_effects", open)
 			lastLog = time.Now()
 		}
 		select {
@@ -186,6 +230,10 @@ func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL
 	}
 	rep.dead, err = groupCount[string](ctx, cfg.pool, `SELECT reason, count(*) FROM `+rep.deadTable+
 		` WHERE consumer = $2 AND message_id LIKE $1 GROUP BY reason`, like, consumerName)
+	if err != nil || apiURL == "" {
+		return rep, err
+	}
+	err = rep.http.settle(ctx, cfg.pool, cfg.tables)
 	return rep, err
 }
 
@@ -199,22 +247,29 @@ func (r demoReport) print(out io.Writer) error {
 		s.Processed, s.Duplicates, s.DeadLettered, s.Conflicts)
 	fmt.Fprintf(out, "  capture effects     %6d  %s\n", total(r.effects), describeCounts(r.effects))
 	fmt.Fprintf(out, "  dead letters        %6d  %s (%s; %d in %s)\n", total(r.dead), describeCounts(r.dead), r.deadTable, r.dlq, r.dlqName)
+	h := r.http
+	if h.keys > 0 {
+		fmt.Fprintf(out, "  http requests       %6d  (%d Idempotency-Keys: %s)\n", h.requests, h.keys, describeCounts(h.outcomes))
+		fmt.Fprintf(out, "  http captures       %6d  captureRequestIds; outbox messages: %s; payment rows %d; capture effects: %s\n",
+			len(h.ids), describeCounts(h.published), h.payments, describeCounts(h.captured))
+	}
 	fmt.Fprintf(out, "  took                %6.1fs\n", r.took.Seconds())
 	fmt.Fprintf(out, "  gateway /stats      %s\n\n", strings.TrimSpace(string(r.rawStats)))
 
 	g := r.gateway
-	checks := []struct {
-		ok   bool
-		what string
-	}{
+	captures := p.captures + len(h.ids)
+	checks := []check{
 		{g.DoubleCharges == 0, fmt.Sprintf("double_charges == 0 (got %d)", g.DoubleCharges)},
-		{g.Charges == int64(p.captures) && g.DistinctCaptures == int64(p.captures),
-			fmt.Sprintf("charges (%d) == distinct captureRequestIds (%d)", g.Charges, p.captures)},
+		{g.Charges == int64(captures) && g.DistinctCaptures == int64(captures),
+			fmt.Sprintf("charges (%d) == distinct captureRequestIds (%d)", g.Charges, captures)},
 		{r.payments == p.captures, fmt.Sprintf("one payment row per captureRequestId (%d rows, %d requests)", r.payments, p.captures)},
 		{r.effects[ledger.StatusSucceeded] == p.captures && total(r.effects) == p.captures,
 			fmt.Sprintf("one succeeded capture effect per captureRequestId (%d of %d)", r.effects[ledger.StatusSucceeded], p.captures)},
 		{equalCounts(r.dead, p.deadLetters), fmt.Sprintf("bad messages in the dead_letters table with their reasons (want %s)", describeCounts(p.deadLetters))},
 		{r.dlq == total(p.deadLetters), fmt.Sprintf("bad messages in %s (%d of %d)", r.dlqName, r.dlq, total(p.deadLetters))},
+	}
+	if h.keys > 0 {
+		checks = append(checks, h.checks()...)
 	}
 	failed := 0
 	for _, c := range checks {
@@ -230,6 +285,12 @@ func (r demoReport) print(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "\npayments check: OK — every capture request charged exactly once\n")
 	return nil
+}
+
+// check is one line of the demo's verdict.
+type check struct {
+	ok   bool
+	what string
 }
 
 // fetchStats reads GET /stats from the gateway.

@@ -221,25 +221,31 @@ func writeRaw(w http.ResponseWriter, status int, body []byte) {
 	_, _ = w.Write(body)
 }
 
-// serveGateway serves g on ln until ctx is cancelled, then shuts down.
-func serveGateway(ctx context.Context, ln net.Listener, g *gateway) error {
+// serveHTTP serves h on ln until ctx is cancelled, then shuts down, letting
+// the requests in progress finish (for the API: their transactions commit or
+// roll back either way; a client whose request did not finish retries with
+// its key). Request contexts are detached from ctx, so that shutting down
+// never cancels a commit halfway.
+func serveHTTP(ctx context.Context, name string, ln net.Listener, h http.Handler) error {
 	srv := &http.Server{
-		Handler:           g.handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ReadTimeout:       30 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("gateway: serve: %w", err)
+		return fmt.Errorf("%s: serve: %w", name, err)
 	case <-ctx.Done():
 	}
-	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := srv.Shutdown(shutdown)
 	if err != nil {
-		err = errors.Join(fmt.Errorf("gateway: shutdown: %w", err), srv.Close())
+		err = errors.Join(fmt.Errorf("%s: shutdown: %w", name, err), srv.Close())
 	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
@@ -263,7 +269,7 @@ func runGateway(ctx context.Context, args []string) error {
 	g := newGateway(*f, log)
 	log.Info("gateway listening", "addr", ln.Addr().String(), "fail_rate", f.FailRate, "slow_rate", f.SlowRate,
 		"slow_delay", f.SlowDelay, "drop_after_charge_rate", f.DropAfterChargeRate)
-	err = serveGateway(ctx, ln, g)
+	err = serveHTTP(ctx, "gateway", ln, g.handler())
 	s := g.snapshot()
 	log.Info("gateway stopped", "requests", s.Requests, "charges", s.Charges,
 		"distinct_captures", s.DistinctCaptures, "double_charges", s.DoubleCharges)

@@ -9,7 +9,12 @@
 //	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1]
 //	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested]
 //	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad]
-//	go run ./examples/payments demo    [-n 1000] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
+//	go run ./examples/payments api     -addr 127.0.0.1:8098 [-wait 2s] [-lease 30s] [-expiry 24h]
+//	go run ./examples/payments demo    [-n 1000] [-http=true] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
+//
+// The api subcommand serves POST /captures with a required Idempotency-Key
+// and puts each accepted request on the queue through the ledger's outbox,
+// in the same transaction: one key, one captureRequestId, one charge.
 //
 // A message is JSON with the AMQP message-id and correlation-id set:
 //
@@ -37,6 +42,7 @@ type command struct {
 
 // commands are the subcommands by name.
 var commands = map[string]command{
+	"api":     {"serve POST /captures with Idempotency-Key; publish accepted requests through the outbox", runAPI},
 	"demo":    {"run gateway, worker and publisher in one process and check for double charges", runDemo},
 	"gateway": {"serve a fake payment provider that honours Idempotency-Key and injects faults", runGateway},
 	"publish": {"publish capture requests with duplicates, producer retries and bad messages", runPublish},

@@ -1,0 +1,427 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox/httpinbox"
+	"github.com/idemkit/idem/ledger"
+)
+
+// The HTTP edge of the payments example: POST /captures takes a capture
+// request with an Idempotency-Key, answers 202 with its captureRequestId, and
+// in the same transaction records the message for the worker in the ledger's
+// outbox. One key, one captureRequestId, one message, one charge.
+const (
+	// apiOperation scopes the keys of POST /captures.
+	apiOperation = "captures.create"
+	// effectCaptureRequested is the ledger effect that publishes a capture
+	// request to the worker's queue. Its id, and so the AMQP message id, is
+	// derived from this type and the captureRequestId.
+	effectCaptureRequested = "publish.capture_requested"
+	// apiName is stored as the effect's consumer, for operators.
+	apiName = "payments-api"
+	// callerHeader names the caller in this example. See callerFromHeader.
+	callerHeader = "X-Caller-ID"
+	// maxCaptureRequestID bounds the {id} of GET /captures/{id}.
+	maxCaptureRequestID = 64
+)
+
+// apiConfig says where the API keeps its records and where it publishes.
+type apiConfig struct {
+	pool    *pgxpool.Pool
+	tables  idem.Tables
+	amqpURL string
+	queue   string
+	// wait, lease and expiry are httpinbox's Config.Wait, Lease and Expiry
+	// (0: httpinbox's defaults, and no wait).
+	wait, lease, expiry time.Duration
+	// cleanupEvery is how often expired keys are deleted. Default: 1 minute.
+	cleanupEvery time.Duration
+	logger       *slog.Logger
+	// tuneDispatcher, when set, adjusts the outbox dispatcher's
+	// configuration (tests and the demo shorten its delays).
+	tuneDispatcher func(*ledger.DispatcherConfig)
+}
+
+// api is the HTTP handler, the outbox dispatcher that publishes what the
+// handler recorded, and the cleanup of expired keys, run in one process.
+type api struct {
+	pool         *pgxpool.Pool
+	keys         *httpinbox.Middleware
+	ledger       *ledger.Ledger
+	publisher    *ledger.AMQPExecutor
+	dispatcher   *ledger.Dispatcher
+	queue        string
+	cleanupEvery time.Duration
+	insert       string // api_captures insert
+	stored       string // api_captures row of a captureRequestId
+	status       string // GET /captures/{id}
+	log          *slog.Logger
+}
+
+// createAPICapturesSQL is the API's business table: one row per accepted
+// capture request, written in the same transaction as the key's record and
+// the outbox entry.
+const createAPICapturesSQL = `CREATE TABLE IF NOT EXISTS %s (
+	capture_request_id text        PRIMARY KEY,
+	tenant             text        NOT NULL,
+	caller             text        NOT NULL,
+	idempotency_key    text        NOT NULL,
+	order_id           text        NOT NULL,
+	amount             bigint      NOT NULL CHECK (amount > 0),
+	currency           text        NOT NULL,
+	created_at         timestamptz NOT NULL DEFAULT now()
+)`
+
+const insertAPICaptureSQL = `INSERT INTO %s
+	(capture_request_id, tenant, caller, idempotency_key, order_id, amount, currency)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (capture_request_id) DO NOTHING`
+
+const storedAPICaptureSQL = `SELECT order_id, amount, currency FROM %s WHERE capture_request_id = $1`
+
+// captureStatusSQL reads what became of a capture request: its outbox
+// message ($4 is its effect id), the worker's payment row and the worker's
+// capture effect ($5). The worker must use the same schema.
+const captureStatusSQL = `SELECT c.order_id, c.amount, c.currency,
+	coalesce(pub.status, ''), p.capture_request_id IS NOT NULL, coalesce(cap.status, '')
+FROM %[1]s c
+LEFT JOIN %[2]s pub ON pub.effect_id = $4
+LEFT JOIN %[3]s p ON p.capture_request_id = c.capture_request_id
+LEFT JOIN %[2]s cap ON cap.effect_id = $5
+WHERE c.capture_request_id = $1 AND c.tenant = $2 AND c.caller = $3`
+
+// apiCapturesTable is the quoted name of the api_captures table.
+func apiCapturesTable(t idem.Tables) string {
+	return pgx.Identifier{t.WithDefaults().Schema, "api_captures"}.Sanitize()
+}
+
+// callerFromHeader is the caller of a request: keys are scoped per (tenant,
+// caller), so two callers never see each other's stored responses.
+//
+// THIS IS FOR THE EXAMPLE ONLY. A production API MUST take the caller from
+// authentication (the verified token's subject, the API key's owner), never
+// from a header the client sets freely: a client that can name another caller
+// can replay that caller's stored responses by guessing its keys. The tenant
+// (X-Tenant-ID, httpinbox's default) needs the same treatment.
+func callerFromHeader(r *http.Request) string { return r.Header.Get(callerHeader) }
+
+// newAPI creates the api_captures table and returns the API for cfg.
+func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
+	if cfg.queue == "" {
+		return nil, errors.New("api: a queue is required")
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	if cfg.cleanupEvery <= 0 {
+		cfg.cleanupEvery = time.Minute
+	}
+	if _, err := cfg.pool.Exec(ctx, fmt.Sprintf(createAPICapturesSQL, apiCapturesTable(cfg.tables))); err != nil {
+		return nil, fmt.Errorf("api: create api_captures table: %w", err)
+	}
+	keys, err := httpinbox.New(cfg.pool, httpinbox.Config{
+		Caller: callerFromHeader,
+		Expiry: cfg.expiry,
+		Lease:  cfg.lease,
+		Logger: cfg.logger,
+		Tables: cfg.tables,
+		Wait:   cfg.wait,
+	})
+	if err != nil {
+		return nil, err
+	}
+	l, err := ledger.New(ledger.Config{Tables: cfg.tables})
+	if err != nil {
+		return nil, err
+	}
+	pub, err := ledger.NewAMQPExecutor(ledger.AMQPConfig{URL: cfg.amqpURL, Logger: cfg.logger})
+	if err != nil {
+		return nil, err
+	}
+	dcfg := ledger.DispatcherConfig{
+		Pool:      cfg.pool,
+		Tables:    cfg.tables,
+		Logger:    cfg.logger,
+		Executors: map[string]ledger.Executor{effectCaptureRequested: pub},
+	}
+	if cfg.tuneDispatcher != nil {
+		cfg.tuneDispatcher(&dcfg)
+	}
+	d, err := ledger.NewDispatcher(dcfg)
+	if err != nil {
+		return nil, err
+	}
+	captures := apiCapturesTable(cfg.tables)
+	return &api{
+		pool:         cfg.pool,
+		keys:         keys,
+		ledger:       l,
+		publisher:    pub,
+		dispatcher:   d,
+		queue:        cfg.queue,
+		cleanupEvery: cfg.cleanupEvery,
+		insert:       fmt.Sprintf(insertAPICaptureSQL, captures),
+		stored:       fmt.Sprintf(storedAPICaptureSQL, captures),
+		status:       fmt.Sprintf(captureStatusSQL, captures, cfg.tables.Table("ledger"), paymentsTable(cfg.tables)),
+		log:          cfg.logger,
+	}, nil
+}
+
+// handler routes POST /captures (idempotent) and GET /captures/{id}.
+func (a *api) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /captures", a.keys.Handle(httpinbox.Route{Operation: apiOperation}, a.createCapture))
+	mux.HandleFunc("GET /captures/{id}", a.getCapture)
+	return mux
+}
+
+// captureCreate is the body of POST /captures.
+type captureCreate struct {
+	OrderID  string `json:"orderId"`
+	Amount   *int64 `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+// captureAccepted is the body of a 202.
+type captureAccepted struct {
+	CaptureRequestID string `json:"captureRequestId"`
+}
+
+// codeCaptureConflict answers a key that, after its record expired, came
+// back for another capture than the one its captureRequestId names.
+const codeCaptureConflict = "CAPTURE_REQUEST_CONFLICT"
+
+// captureRequestID is the id of the capture request made with the key of
+// claim: stable per (tenant, caller, operation, key), so a re-run after a
+// crash, or a retry after the key's record expired, names the same capture.
+func captureRequestID(claim *httpinbox.Claim) string { return "cr_" + claim.KeyID()[:24] }
+
+// createCapture is the handler of POST /captures, in the middleware's
+// transaction tx: validate, insert the api_captures row, record the message
+// for the worker in the outbox, answer 202. The key's record and response
+// commit with all of it, or none of it exists.
+func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
+	c, err := decodeCaptureCreate(r)
+	if err != nil {
+		return httpinbox.Response{}, httpinbox.Invalid(err)
+	}
+	claim := httpinbox.FromContext(ctx)
+	id := captureRequestID(claim)
+	c.CaptureRequestID = id
+	tag, err := tx.Exec(ctx, a.insert, id, claim.Tenant(), claim.Caller(), claim.Key(), c.OrderID, c.Amount, c.Currency)
+	if err != nil {
+		return httpinbox.Response{}, fmt.Errorf("api: insert capture %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		// The key's record expired and the key came back: the capture
+		// request exists. The same capture answers 202 again (the outbox
+		// entry below is then a no-op); another one is refused.
+		var stored capture
+		if err := tx.QueryRow(ctx, a.stored, id).Scan(&stored.OrderID, &stored.Amount, &stored.Currency); err != nil {
+			return httpinbox.Response{}, fmt.Errorf("api: read capture %s: %w", id, err)
+		}
+		stored.CaptureRequestID = id
+		if stored != c {
+			return httpinbox.Problem(http.StatusUnprocessableEntity, codeCaptureConflict,
+				"this Idempotency-Key created capture request "+id+" for another order, amount or currency"), nil
+		}
+	}
+	body, err := json.Marshal(captureRequested{
+		SchemaVersion: ptr(schemaVersion), CaptureRequestID: id,
+		OrderID: c.OrderID, Amount: ptr(c.Amount), Currency: c.Currency,
+	})
+	if err != nil {
+		return httpinbox.Response{}, fmt.Errorf("api: encode capture request %s: %w", id, err)
+	}
+	_, err = a.ledger.Record(ctx, tx, ledger.Effect{
+		Type:        effectCaptureRequested,
+		BusinessKey: id,
+		Target:      "amqp queue " + a.queue,
+		Request: ledger.Publishing{RoutingKey: a.queue, ContentType: "application/json", Body: body,
+			CorrelationID: id}, // the worker's envelope requires a correlation id
+		Consumer:  apiName,
+		MessageID: claim.KeyID(),
+	})
+	if err != nil {
+		return httpinbox.Response{}, fmt.Errorf("api: record capture request %s: %w", id, err)
+	}
+	resp, err := httpinbox.JSON(http.StatusAccepted, captureAccepted{CaptureRequestID: id})
+	if err != nil {
+		return httpinbox.Response{}, err
+	}
+	resp.Header.Set("Location", "/captures/"+id)
+	resp.ResourceID = id
+	return resp, nil
+}
+
+// decodeCaptureCreate reads and validates the body of POST /captures: one
+// JSON object with exactly orderId, a positive integer amount (minor units)
+// and a three-letter currency. The capture it returns has no id yet.
+func decodeCaptureCreate(r *http.Request) (capture, error) {
+	var c captureCreate
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return capture{}, fmt.Errorf("body must be a JSON object with orderId, amount and currency: %w", err)
+	}
+	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
+		return capture{}, errors.New("body must hold one JSON object and nothing after it")
+	}
+	if err := checkText("orderId", c.OrderID); err != nil {
+		return capture{}, err
+	}
+	switch {
+	case c.Amount == nil:
+		return capture{}, errors.New("amount is missing")
+	case *c.Amount <= 0:
+		return capture{}, fmt.Errorf("amount %d is not positive (amounts are in minor units)", *c.Amount)
+	}
+	if !isCurrency(c.Currency) {
+		return capture{}, fmt.Errorf("currency %q is not an ISO 4217 code", c.Currency)
+	}
+	return capture{OrderID: c.OrderID, Amount: *c.Amount, Currency: c.Currency}, nil
+}
+
+// captureView is the body of GET /captures/{id}.
+type captureView struct {
+	CaptureRequestID string `json:"captureRequestId"`
+	OrderID          string `json:"orderId"`
+	Amount           int64  `json:"amount"`
+	Currency         string `json:"currency"`
+	// Status is accepted (in the outbox), queued (published), capturing
+	// (the worker has it), captured, failed or unknown (the capture's
+	// outcome waits for an operator).
+	Status string `json:"status"`
+}
+
+// getCapture is GET /captures/{id}: the capture request and how far it got,
+// for the tenant and caller that created it; 404 for anyone else.
+func (a *api) getCapture(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if len(id) > maxCaptureRequestID {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
+		return
+	}
+	v := captureView{CaptureRequestID: id}
+	var (
+		published, captured string
+		received            bool
+	)
+	err := a.pool.QueryRow(r.Context(), a.status, id, r.Header.Get(httpinbox.DefaultTenantHeader), callerFromHeader(r),
+		ledger.EffectID(effectCaptureRequested, id), ledger.EffectID(effectCapture, id)).
+		Scan(&v.OrderID, &v.Amount, &v.Currency, &published, &received, &captured)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
+		return
+	case err != nil:
+		a.log.Error("api: read capture status", "capture_request_id", id, "error", err)
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "cannot read the capture request"})
+		return
+	}
+	switch ledger.Status(captured) {
+	case ledger.StatusSucceeded:
+		v.Status = "captured"
+	case ledger.StatusFailedTerminal:
+		v.Status = "failed"
+	case ledger.StatusUnknown:
+		v.Status = "unknown"
+	default:
+		switch {
+		case captured != "" || received:
+			v.Status = "capturing"
+		case ledger.Status(published) == ledger.StatusSucceeded:
+			v.Status = "queued"
+		default:
+			v.Status = "accepted"
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// run serves the API on ln and runs its background work until ctx is
+// cancelled or one of them fails; then the server drains its requests, the
+// dispatcher its publishes, and run returns.
+func (a *api) run(ctx context.Context, ln net.Listener) error {
+	return runAll(ctx,
+		func(ctx context.Context) error { return serveHTTP(ctx, "api", ln, a.handler()) },
+		a.work)
+}
+
+// work runs the outbox dispatcher and the cleanup of expired keys until ctx
+// is cancelled, then closes the publisher's connection.
+func (a *api) work(ctx context.Context) error {
+	defer func() { _ = a.publisher.Close() }()
+	return runAll(ctx, a.dispatcher.Run, a.cleanupLoop)
+}
+
+// cleanupLoop deletes expired keys every cleanupEvery until ctx is cancelled.
+func (a *api) cleanupLoop(ctx context.Context) error {
+	t := time.NewTicker(a.cleanupEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		n, err := a.keys.Cleanup(ctx, 0)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			a.log.Warn("api: delete expired idempotency keys", "error", err)
+		case n > 0:
+			a.log.Info("api: deleted expired idempotency keys", "deleted", n)
+		}
+	}
+}
+
+
+// runAPI is the api subcommand.
+func runAPI(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("payments api", flag.ContinueOnError)
+	svc := serviceFlags(fs)
+	addr := fs.String("addr", "127.0.0.1:8098", "listen address")
+	queue := fs.String("queue", defaultQueue, "queue the capture requests are published to (the worker declares it)")
+	wait := fs.Duration("wait", 2*time.Second, "how long a request whose key is in progress waits for the first request's answer before 409")
+	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
+	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log := newLogger(slog.LevelInfo)
+	pool, tables, err := svc.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	a, err := newAPI(ctx, apiConfig{
+		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
+		wait: *wait, lease: *lease, expiry: *expiry, logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("api: %w", err)
+	}
+	log.Info("api listening", "addr", ln.Addr().String(), "queue", *queue, "schema", svc.schema)
+	err = a.run(ctx, ln)
+	log.Info("api stopped")
+	return err
+}
+
