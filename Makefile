@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo demo-quickstart demo-payments test services vet bench
+.PHONY: demo demo-quickstart demo-payments test soak services vet bench
 
 # demo: the quickstart worker, then the payments chain
 # (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
@@ -18,6 +18,13 @@ demo-payments: services
 
 test: services vet
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(MAKE) soak
+
+# soak: the examples end to end under faults (SIGKILL, closed connections,
+# terminated sessions, a dispatcher killed mid-call, a faulty gateway), then
+# the invariants. Needs rabbitmqctl and ss on this machine, as root.
+soak: services
+	$(GO) run ./examples/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 2m
 
 services:
 	./scripts/services.sh

@@ -139,6 +139,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		if failures > 0 || s.gen > 1 {
 			c.tel.reconnect(ctx)
+			c.counts.reconnects.Add(1)
 			log.Info("connected to broker", "generation", s.gen, "url", redactURL(c.cfg.AMQPURL))
 		}
 		failures = 0

@@ -23,13 +23,16 @@ type Stats struct {
 	AcksDropped int64
 	// Batches counts committed batch transactions.
 	Batches int64
+	// Reconnects counts broker reconnects (queues) and stream reader
+	// restarts (streams).
+	Reconnects int64
 	// StreamLag is the stream's sampled tail offset minus the checkpoint
 	// (stream consumers only).
 	StreamLag int64
 }
 
 type counters struct {
-	processed, duplicates, conflicts, deadLettered, retried, unresolved, acksDropped, batches atomic.Int64
+	processed, duplicates, conflicts, deadLettered, retried, unresolved, acksDropped, batches, reconnects atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -45,6 +48,7 @@ func (c *Consumer) Stats() Stats {
 		Unresolved:   k.unresolved.Load(),
 		AcksDropped:  k.acksDropped.Load(),
 		Batches:      k.batches.Load(),
+		Reconnects:   k.reconnects.Load(),
 		StreamLag:    lag,
 	}
 }

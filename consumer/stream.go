@@ -46,16 +46,21 @@ func (c *Consumer) runStream(ctx context.Context) error {
 		}
 		if err == nil {
 			log.Info("active stream reader")
+			committed := c.counts.batches.Load()
 			err = c.followStream(ctx, work, env, lock)
 			_ = lock.Release(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				return nil
+			}
+			if c.counts.batches.Load() > committed {
+				failures = 0 // the session worked: back off from scratch
 			}
 		}
 		failures++
 		delay := backoff(failures, 100*time.Millisecond, c.cfg.ReconnectMaxDelay)
 		log.Warn("stream reading stopped, resuming from the checkpoint", "error", err, "retry_in", delay)
 		c.tel.reconnect(ctx)
+		c.counts.reconnects.Add(1)
 		if !sleep(ctx, delay) {
 			return nil
 		}

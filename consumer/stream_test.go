@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -140,5 +141,34 @@ func TestStreamStandbyTakesOverWhenTheActiveReaderStops(t *testing.T) {
 	require.Len(t, eff, 400)
 	for id, n := range eff {
 		require.Equal(t, 1, n, "message %s applied %d times", id, n)
+	}
+}
+
+func TestStreamReaderBacksOffFromScratchAfterAWorkingSession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stream, publish := newStream(t)
+	c := e.streamConsumer(stream, e.effectHandler(), func(cfg *Config) { cfg.ReconnectMaxDelay = 20 * time.Second })
+	start(t, c)
+	publish(0, 10)
+	waitFor(t, 20*time.Second, "first batch", func() bool { return e.checkpoint(stream) == 9 })
+	// Cut the reader's database sessions again and again: each cut ends a
+	// session that had committed, so the delay before reading again stays
+	// short instead of doubling towards ReconnectMaxDelay.
+	for round := 1; round <= 9; round++ {
+		key := uint64(pglock.Key(c.StreamLockKey()))
+		waitFor(t, 10*time.Second, "the reader's lock session terminated", func() bool {
+			var n int
+			require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+				WHERE locktype = 'advisory' AND granted AND classid::bigint = $1 AND objid::bigint = $2`,
+				int64(key>>32), int64(key&0xffffffff)).Scan(&n))
+			return n > 0
+		})
+		waitFor(t, 10*time.Second, "the reader noticed", func() bool { return c.Stats().Reconnects == int64(round) })
+		from := 10 * round
+		publish(from, from+10)
+		waitFor(t, 3*time.Second, fmt.Sprintf("round %d read within a few seconds", round), func() bool {
+			return e.checkpoint(stream) == int64(from+9)
+		})
 	}
 }

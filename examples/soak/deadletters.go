@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// checkDeadLetters checks that every expected dead letter is in the
+// dead_letters table (and the dead-letter queue, for queues) with its
+// reason, and that nothing else is. Copies of the same dead letter (a crash
+// between the commit and the ack dead-letters the redelivery again) are
+// counted, not failed.
+func (h *harness) checkDeadLetters(ctx context.Context, rep *report, er *exampleReport, ex example, want []deadLetter) error {
+	table, err := h.db.deadLetters(ctx, ex)
+	if err != nil {
+		return err
+	}
+	er.DeadLetters = len(want)
+	er.DeadLetterRows = len(table)
+	rep.check(ex.String(), "every conflict and malformed message in the dead_letters table with its reason",
+		matchDeadLetters(want, table) == nil, summarize(matchDeadLetters(want, table), fmt.Sprintf("%d expected, %d rows", len(want), len(table))))
+	if ex == orders {
+		return nil // a stream consumer has no dead-letter queue
+	}
+	queued, err := h.readDLQ(h.queue(ex) + ".dlq")
+	if err != nil {
+		return err
+	}
+	er.DeadLetterQueue = len(queued)
+	rep.check(ex.String(), "every conflict and malformed message in "+h.queue(ex)+".dlq with its x-idem-reason",
+		matchDeadLetters(want, queued) == nil, summarize(matchDeadLetters(want, queued), fmt.Sprintf("%d expected, %d queued", len(want), len(queued))))
+	return nil
+}
+
+// matchDeadLetters lists what is missing from got, has another reason, or
+// should not be there.
+func matchDeadLetters(want, got []deadLetter) []string {
+	type key struct {
+		id   string
+		hash [32]byte
+	}
+	seen := map[key][]string{}
+	for _, d := range got {
+		k := key{d.id, d.hash}
+		seen[k] = append(seen[k], d.reason)
+	}
+	var bad []string
+	expected := map[key]bool{}
+	for _, d := range want {
+		k := key{d.id, d.hash}
+		expected[k] = true
+		reasons := seen[k]
+		switch {
+		case len(reasons) == 0:
+			bad = append(bad, fmt.Sprintf("%q (%s) missing", d.id, d.reason))
+		case slices.ContainsFunc(reasons, func(r string) bool { return r != d.reason }):
+			bad = append(bad, fmt.Sprintf("%q: reasons %v, want %s", d.id, reasons, d.reason))
+		}
+	}
+	for k, reasons := range seen {
+		if !expected[k] {
+			bad = append(bad, fmt.Sprintf("%q dead-lettered (%v) but valid", k.id, reasons))
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// readDLQ reads every message of a dead-letter queue without taking it (the
+// channel closes with the deliveries unacknowledged, so they go back).
+func (h *harness) readDLQ(queue string) ([]deadLetter, error) {
+	conn, err := amqp.Dial(h.cfg.amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	var out []deadLetter
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", queue, err)
+		}
+		if !ok {
+			return out, nil
+		}
+		reason, _ := d.Headers["x-idem-reason"].(string)
+		if reason == "" {
+			reason = "no x-idem-reason (dead-lettered by the broker?)"
+		}
+		out = append(out, deadLetter{id: d.MessageId, hash: hashOf(d.Body), reason: reason})
+	}
+}

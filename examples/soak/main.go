@@ -1,0 +1,198 @@
+// Command soak drives idem's examples end to end and breaks things while they
+// run: it builds the quickstart, payments and orders binaries, starts their
+// workers (and the payments gateway and the orders mail stub) as processes,
+// publishes a load with duplicates, conflicting payloads and malformed
+// messages at a steady rate, and meanwhile SIGKILLs workers, closes their
+// broker connections, terminates their PostgreSQL sessions, kills the
+// payments dispatcher with calls in flight and lets the gateway fail, stall
+// and drop answers after charging. When everything has settled it checks that
+// every valid message took effect exactly once and every bad one is in the
+// dead letters with its reason, prints a table and exits non-zero on FAIL.
+//
+//	go run ./examples/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
+//	                       [-faults kill,connections,backends,dispatcher,gateway] [-fault-every 4s]
+//	                       [-duration-cap 2m] [-examples quickstart,payments,orders] [-seed N] [-json FILE]
+//
+// Every run uses its own schemas, queues and stream (named after a random run
+// id) and removes them at the end (-keep leaves them, and the worker logs,
+// for inspection). IDEM_PG_URL, IDEM_AMQP_URL and IDEM_STREAM_URL say where
+// PostgreSQL and RabbitMQ are; rabbitmqctl and ss must be runnable (as root,
+// or with -rabbitmqctl "docker exec rabbit rabbitmqctl").
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem/internal/streamio"
+)
+
+// Exit codes.
+const (
+	exitPass   = 0
+	exitFail   = 1 // an invariant was violated
+	exitNotRun = 2 // the soak could not run (bad flags, services, build)
+)
+
+// config is what one soak run does.
+type config struct {
+	n           int           // valid messages, split between the examples
+	rate        float64       // messages per second, copies and bad ones included
+	dup         float64       // share of valid messages sent again (same id; payments: half as producer retries)
+	conflict    float64       // share of valid messages whose id comes again with another payload
+	malformed   float64       // share of extra messages that can never be processed
+	faults      []string      // enabled faults, from allFaults
+	faultEvery  time.Duration // mean time between faults
+	durationCap time.Duration // the whole run, publishing and settling, must end within it
+	examples    []example
+	seed        uint64
+	jsonFile    string
+	keep        bool
+	rabbitmqctl []string
+
+	pgURL, amqpURL, streamURL string
+	logOut                    io.Writer // progress lines
+}
+
+// allFaults are the faults -faults can enable.
+var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run parses args, runs the soak and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitPass
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		return exitNotRun
+	}
+	rep, err := soak(ctx, cfg)
+	if rep != nil {
+		rep.print(stdout)
+		if cfg.jsonFile != "" {
+			if werr := rep.writeJSON(cfg.jsonFile); werr != nil {
+				fmt.Fprintln(stderr, "soak:", werr)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "soak:", err)
+		return exitNotRun
+	}
+	if !rep.Pass {
+		return exitFail
+	}
+	return exitPass
+}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfg := config{
+		pgURL:     envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL:   envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		streamURL: streamio.URLFromEnv(),
+		logOut:    stderr,
+	}
+	fs.IntVar(&cfg.n, "n", 2000, "valid messages, split evenly between the examples")
+	fs.Float64Var(&cfg.rate, "rate", 60, "messages published per second, copies and bad messages included")
+	fs.Float64Var(&cfg.dup, "dup", 0.2, "share of valid messages published again (payments: half of them as producer retries under a new id)")
+	fs.Float64Var(&cfg.conflict, "conflict", 0.01, "share of valid messages whose id is published again with another payload")
+	fs.Float64Var(&cfg.malformed, "malformed", 0.01, "share of additional messages that can never be processed (bad JSON, missing fields, no message id)")
+	faults := fs.String("faults", strings.Join(allFaults, ","), "faults to inject (any of "+strings.Join(allFaults, ",")+"), or none")
+	fs.DurationVar(&cfg.faultEvery, "fault-every", 4*time.Second, "mean time between two faults")
+	fs.DurationVar(&cfg.durationCap, "duration-cap", 2*time.Minute, "publishing and settling must end within this (the build is not counted)")
+	examples := fs.String("examples", "quickstart,payments,orders", "examples to drive")
+	fs.Uint64Var(&cfg.seed, "seed", 0, "seed of the load and the fault schedule (0: random, printed)")
+	fs.StringVar(&cfg.jsonFile, "json", "", "also write the report as JSON to this file")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the schemas, queues, stream and worker logs")
+	ctl := fs.String("rabbitmqctl", "rabbitmqctl", "command that runs rabbitmqctl (split on spaces)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.rabbitmqctl = strings.Fields(*ctl)
+	for _, name := range splitList(*examples) {
+		ex, ok := exampleByName(name)
+		if !ok {
+			return cfg, fmt.Errorf("-examples: unknown example %q (want quickstart, payments, orders)", name)
+		}
+		if !slices.Contains(cfg.examples, ex) {
+			cfg.examples = append(cfg.examples, ex)
+		}
+	}
+	if *faults != "none" {
+		for _, f := range splitList(*faults) {
+			if !slices.Contains(allFaults, f) {
+				return cfg, fmt.Errorf("-faults: unknown fault %q (want %s)", f, strings.Join(allFaults, ","))
+			}
+			if !slices.Contains(cfg.faults, f) {
+				cfg.faults = append(cfg.faults, f)
+			}
+		}
+	}
+	return cfg, cfg.validate()
+}
+
+func (c *config) validate() error {
+	switch {
+	case len(c.examples) == 0:
+		return errors.New("-examples: at least one example is needed")
+	case c.n < 10*len(c.examples):
+		return fmt.Errorf("-n %d: at least 10 messages per example", c.n)
+	case c.rate <= 0:
+		return errors.New("-rate must be positive")
+	case c.dup < 0 || c.dup > 1 || c.conflict < 0 || c.conflict > 0.5 || c.malformed < 0 || c.malformed > 0.5:
+		return errors.New("-dup must be in [0,1], -conflict and -malformed in [0,0.5]")
+	case c.faultEvery <= 0 || c.durationCap <= 0:
+		return errors.New("-fault-every and -duration-cap must be positive")
+	case len(c.rabbitmqctl) == 0:
+		return errors.New("-rabbitmqctl is empty")
+	}
+	if (c.has(faultDispatcher) || c.has(faultGateway)) && !c.runs(payments) {
+		return errors.New("-faults dispatcher and gateway need the payments example")
+	}
+	return nil
+}
+
+// has reports whether fault f is enabled.
+func (c *config) has(f string) bool { return slices.Contains(c.faults, f) }
+
+// runs reports whether example ex is driven.
+func (c *config) runs(ex example) bool { return slices.Contains(c.examples, ex) }
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

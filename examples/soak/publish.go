@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/streamio"
+)
+
+// publisher sends the plan at the configured rate: queue messages with
+// publisher confirms, stream messages in small confirmed batches. It records
+// when each message was sent (the creation time of stream messages, which
+// the orders projection stores) and which probes went out when.
+type publisher struct {
+	h    *harness
+	plan plan
+
+	mu     sync.Mutex
+	sentAt []time.Time         // by plan index; zero until sent
+	probes map[example][]probe // in publishing order
+	notify map[example]chan struct{}
+	done   bool
+	last   time.Time // when the last message was confirmed
+}
+
+// probe is a valid message that recovery watchers look for.
+type probe struct {
+	at time.Time
+	id string
+}
+
+func newPublisher(h *harness, p plan) *publisher {
+	pub := &publisher{h: h, plan: p, sentAt: make([]time.Time, len(p.msgs)),
+		probes: map[example][]probe{}, notify: map[example]chan struct{}{}}
+	for _, ex := range h.cfg.examples {
+		pub.notify[ex] = make(chan struct{})
+	}
+	return pub
+}
+
+// run publishes the whole plan, paced at rate, and returns when every
+// message is confirmed.
+func (pub *publisher) run(ctx context.Context, start time.Time) error {
+	conn, err := amqp.DialConfig(pub.h.cfg.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-soak-publisher"}})
+	if err != nil {
+		return fmt.Errorf("publisher: connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("publisher: channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("publisher: confirm mode: %w", err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+
+	streamQ := make(chan int, 4096)
+	streamErr := make(chan error, 1)
+	go func() { streamErr <- pub.streamLoop(ctx, streamQ) }()
+	stopStream := func() error {
+		close(streamQ)
+		return <-streamErr
+	}
+
+	type pending struct {
+		dc *amqp.DeferredConfirmation
+		i  int
+	}
+	var waiting []pending
+	flush := func() error {
+		for _, p := range waiting {
+			ok, err := p.dc.WaitContext(ctx)
+			if err != nil {
+				return fmt.Errorf("publisher: confirm: %w", err)
+			}
+			if !ok {
+				return errors.New("publisher: the broker refused a message")
+			}
+			pub.sent(p.i, time.Now())
+		}
+		waiting = waiting[:0]
+		select {
+		case r := <-returns:
+			return fmt.Errorf("publisher: message %s was unroutable: %s", r.MessageId, r.ReplyText)
+		default:
+			return nil
+		}
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	next := 0
+	for next < len(pub.plan.msgs) {
+		due := min(len(pub.plan.msgs), int(time.Since(start).Seconds()*pub.h.cfg.rate)+1)
+		for ; next < due; next++ {
+			m := pub.plan.msgs[next]
+			if m.ex == orders {
+				select {
+				case streamQ <- next:
+				case <-ctx.Done():
+					_ = stopStream()
+					return ctx.Err()
+				}
+				continue
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", pub.h.queue(m.ex), true, false, amqp.Publishing{
+				MessageId: m.id, CorrelationId: m.corr, ContentType: "application/json",
+				DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: m.body})
+			if err != nil {
+				_ = stopStream()
+				return fmt.Errorf("publisher: publish: %w", err)
+			}
+			waiting = append(waiting, pending{dc, next})
+		}
+		if err := flush(); err != nil {
+			_ = stopStream()
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			_ = stopStream()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	if err := stopStream(); err != nil {
+		return err
+	}
+	pub.mu.Lock()
+	pub.done = true
+	pub.last = time.Now()
+	for _, c := range pub.notify {
+		close(c)
+	}
+	pub.mu.Unlock()
+	return nil
+}
+
+// streamLoop publishes the stream messages handed over on q, every 100ms
+// what has accumulated, until q is closed.
+func (pub *publisher) streamLoop(ctx context.Context, q <-chan int) error {
+	env, err := streamio.Open(ctx, streamio.Config{URI: pub.h.cfg.streamURL, Logger: pub.h.quiet})
+	if err != nil {
+		for range q { // keep the sender unblocked
+		}
+		return fmt.Errorf("publisher: %w", err)
+	}
+	defer env.Close()
+	var batch []int
+	send := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		// The creation time is what the projection stores as updated_at:
+		// milliseconds, as AMQP 1.0 timestamps carry.
+		at := time.Now().Truncate(time.Millisecond)
+		out := make([]streamio.Outgoing, len(batch))
+		for j, i := range batch {
+			m := pub.plan.msgs[i]
+			out[j] = streamio.Outgoing{MessageID: m.id, Body: m.body, ContentType: "application/json", CreationTime: at}
+		}
+		if err := env.Publish(ctx, pub.h.stream, out); err != nil {
+			return fmt.Errorf("publisher: %w", err)
+		}
+		for _, i := range batch {
+			pub.sent(i, at)
+		}
+		batch = batch[:0]
+		return nil
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var failed error
+	for {
+		select {
+		case i, ok := <-q:
+			if !ok {
+				if failed == nil {
+					failed = send()
+				}
+				return failed
+			}
+			batch = append(batch, i)
+		case <-tick.C:
+			if failed == nil {
+				failed = send()
+			}
+		}
+	}
+}
+
+// sent records that message i was confirmed, sent at at.
+func (pub *publisher) sent(i int, at time.Time) {
+	m := pub.plan.msgs[i]
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	pub.sentAt[i] = at
+	if m.probe {
+		pub.probes[m.ex] = append(pub.probes[m.ex], probe{at: at, id: m.id})
+		old := pub.notify[m.ex]
+		pub.notify[m.ex] = make(chan struct{})
+		close(old)
+	}
+}
+
+// probeAfter waits for the first probe of ex sent after t0; ok is false if
+// publishing ends (or ctx does) without one.
+func (pub *publisher) probeAfter(ctx context.Context, ex example, t0 time.Time) (string, bool) {
+	for {
+		pub.mu.Lock()
+		ps := pub.probes[ex]
+		i := sort.Search(len(ps), func(i int) bool { return ps[i].at.After(t0) })
+		if i < len(ps) {
+			pub.mu.Unlock()
+			return ps[i].id, true
+		}
+		if pub.done {
+			pub.mu.Unlock()
+			return "", false
+		}
+		wait := pub.notify[ex]
+		pub.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-wait:
+		}
+	}
+}
+
+// finished returns when the last message was confirmed.
+func (pub *publisher) finished() time.Time {
+	pub.mu.Lock()
+	defer pub.mu.Unlock()
+	return pub.last
+}

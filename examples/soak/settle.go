@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem/internal/streamio"
+)
+
+// settle waits until the run has nothing left to do: every worker running,
+// the queues and retry queues empty with nothing unacknowledged, the orders
+// checkpoint at the stream's tail, and no capture or e-mail effect pending,
+// in flight or waiting for a retry — twice in a row, a second apart.
+func (h *harness) settle(ctx context.Context) error {
+	h.tail = -1
+	if h.cfg.runs(orders) {
+		env, err := streamio.Open(ctx, streamio.Config{URI: h.cfg.streamURL, Logger: h.quiet})
+		if err != nil {
+			return err
+		}
+		last, ok, err := env.Tail(ctx, h.stream)
+		env.Close()
+		if err != nil {
+			return err
+		}
+		if ok {
+			h.tail = last
+		}
+	}
+	stable := 0
+	state := "not checked yet"
+	for {
+		busy, err := h.busy(ctx, h.tail)
+		switch {
+		case err != nil:
+			state, stable = err.Error(), 0
+		case busy != "":
+			state, stable = busy, 0
+		default:
+			stable++
+		}
+		if stable == 2 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not settled: %s", state)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// busy says what is still going on, or "" when nothing is.
+func (h *harness) busy(ctx context.Context, tail int64) (string, error) {
+	for _, p := range h.workerList() {
+		if p.pid() == 0 {
+			return p.name + " worker is not running", nil
+		}
+	}
+	for _, ex := range h.queueExamples() {
+		for _, q := range []string{h.queue(ex), h.queue(ex) + ".retry"} {
+			n, err := queueDepth(h.cfg.amqpURL, q)
+			if err != nil {
+				return "", err
+			}
+			if n > 0 {
+				return fmt.Sprintf("%d messages ready in %s", n, q), nil
+			}
+		}
+	}
+	if h.cfg.runs(orders) {
+		off, err := h.db.checkpoint(ctx, h.stream)
+		if err != nil {
+			return "", err
+		}
+		if off < tail {
+			return fmt.Sprintf("orders checkpoint at offset %d, stream tail at %d", off, tail), nil
+		}
+	}
+	for _, ex := range []example{payments, orders} {
+		if !h.cfg.runs(ex) {
+			continue
+		}
+		n, err := h.db.openEffects(ctx, ex)
+		if err != nil {
+			return "", err
+		}
+		if n > 0 {
+			return fmt.Sprintf("%d %s effects pending, in flight or waiting for a retry", n, ex), nil
+		}
+	}
+	qs, err := h.queueStates(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, ex := range h.queueExamples() {
+		for _, name := range []string{h.queue(ex), h.queue(ex) + ".retry"} {
+			if s := qs[name]; s.Messages > 0 || s.Unacked > 0 {
+				return fmt.Sprintf("%s holds %d messages, %d unacknowledged", name, s.Messages, s.Unacked), nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// queueState is a queue's depth as rabbitmqctl reports it.
+type queueState struct {
+	Name     string `json:"name"`
+	Messages int    `json:"messages"`
+	Unacked  int    `json:"messages_unacknowledged"`
+}
+
+// queueStates lists this run's queues with rabbitmqctl: ready and
+// unacknowledged messages (AMQP's passive declare counts ready ones only).
+func (h *harness) queueStates(ctx context.Context) (map[string]queueState, error) {
+	out, err := h.rabbitmqctl(ctx, "list_queues", "name", "messages", "messages_unacknowledged", "--formatter=json", "-q")
+	if err != nil {
+		return nil, err
+	}
+	var qs []queueState
+	if err := json.Unmarshal(out, &qs); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl list_queues: %w", err)
+	}
+	res := map[string]queueState{}
+	prefix := "soak." + h.run + "."
+	for _, q := range qs {
+		if strings.HasPrefix(q.Name, prefix) {
+			res[q.Name] = q
+		}
+	}
+	return res, nil
+}
+
+// closeAMQP closes, through the broker, the AMQP connections named idem:*
+// whose client port is in ports, and returns how many it closed.
+func (h *harness) closeAMQP(ctx context.Context, ports map[int]bool) (int, error) {
+	if len(ports) == 0 {
+		return 0, nil
+	}
+	out, err := h.rabbitmqctl(ctx, "list_connections", "pid", "peer_port", "client_properties", "-q", "--no-table-headers")
+	if err != nil {
+		return 0, err
+	}
+	var pids []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.SplitN(line, "\t", 3)
+		if len(f) < 3 {
+			continue
+		}
+		port, err := strconv.Atoi(f[1])
+		if err == nil && ports[port] && strings.Contains(f[2], `{"connection_name","idem:`) {
+			pids = append(pids, f[0])
+		}
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		closed int
+		errs   []string
+	)
+	for _, pid := range pids {
+		wg.Go(func() {
+			_, err := h.rabbitmqctl(ctx, "close_connection", pid, "idem soak: connections fault")
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err.Error())
+				return
+			}
+			closed++
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 && closed == 0 {
+		return 0, fmt.Errorf("close connections: %s", strings.Join(errs, "; "))
+	}
+	return closed, nil
+}
+
+// rabbitmqctl runs rabbitmqctl with args, trying again twice: listing
+// commands fail now and then on connections that are being set up.
+func (h *harness) rabbitmqctl(ctx context.Context, args ...string) ([]byte, error) {
+	var lastErr error
+	for range 3 {
+		cmd := exec.CommandContext(ctx, h.cfg.rabbitmqctl[0], append(h.cfg.rabbitmqctl[1:], args...)...)
+		out, err := cmd.Output()
+		if err == nil {
+			return out, nil
+		}
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = strings.TrimSpace(string(ee.Stderr))
+		}
+		lastErr = fmt.Errorf("rabbitmqctl %s: %w: %s", args[0], err, stderr)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, lastErr
+}
