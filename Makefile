@@ -32,5 +32,12 @@ services:
 vet:
 	$(GO) vet ./...
 
+# bench: every figure of BENCHMARKS.md, each against its same-run baseline.
 bench: services
-	$(GO) test -run '^$$' -bench . -benchtime 3s ./...
+	$(GO) run ./bench/consumer
+	$(GO) test -run '^$$' -bench Claim -benchtime 3s ./inbox/
+	$(GO) test -run '^$$' -bench BenchmarkDispatchHTTP -benchtime 20000x -count 3 ./ledger
+	$(GO) test -run '^$$' -bench RecordEffectOverhead -benchtime 10000x -count 3 ./examples/payments/
+	$(GO) test -run '^$$' -bench . -benchtime 2s -count 3 ./inbox/httpinbox/
+	$(GO) test -run '^$$' -bench RawRead -benchtime 5x -count 3 ./internal/streamio
+	$(GO) test -run '^$$' -bench Replay -benchtime 3x ./replay
