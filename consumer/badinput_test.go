@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testbroker"
 )
 
 type jsonDeposit struct {
@@ -113,4 +114,39 @@ func FuzzPrepare(f *testing.F) {
 		require.LessOrEqual(t, len(m.BusinessKey), 64)
 		require.True(t, utf8.ValidString(m.BusinessKey))
 	})
+}
+
+// A 10 MB header table cannot even enter the queue: the broker refuses the
+// frame and closes the publisher's connection. The consumer never sees it
+// and goes on with the next message.
+func TestTenMegabyteHeaderTableNeverReachesTheConsumer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare(nil)
+	c := e.newConsumer(e.effectHandler(), nil)
+	start(t, c)
+
+	huge := amqp.Table{}
+	for i := 0; i < 10; i++ {
+		huge[fmt.Sprintf("h%d", i)] = strings.Repeat("x", 1<<20)
+	}
+	pub := testbroker.Dial(t)
+	ch, err := pub.Channel()
+	require.NoError(t, err)
+	err = ch.PublishWithContext(context.Background(), "", e.queue, false, false,
+		amqp.Publishing{MessageId: "huge-headers", Body: []byte(`{}`), Headers: huge})
+	if err == nil {
+		// The client wrote the frame; the broker answers by closing the connection.
+		select {
+		case <-pub.NotifyClose(make(chan *amqp.Error, 1)):
+		case <-time.After(10 * time.Second):
+			t.Fatal("the broker accepted a 10 MB header table")
+		}
+	}
+	e.publish("after", `{}`, nil)
+	waitFor(t, 20*time.Second, "the next message processed", func() bool { return c.Stats().Processed == 1 })
+	require.Equal(t, map[string]int{"after": 1}, e.effects())
+	q, err := e.ch.QueueDeclarePassive(e.queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Zero(t, q.Messages)
 }
