@@ -215,6 +215,8 @@ func (r *report) print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "**FAIL** — %d of %d checks failed\n", failed, len(r.Checks))
 	}
+	// The plain closing line test runners and CI read.
+	fmt.Fprintf(w, "\nsoak: %d passed, %d failed\n", len(r.Checks)-failed, failed)
 }
 
 // table writes rows as a markdown table, the columns in right
