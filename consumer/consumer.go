@@ -32,6 +32,7 @@ type Consumer struct {
 	inbox   *inbox.Inbox
 	tel     *telemetry
 	handler Handler
+	batch   BatchHandler
 	source  string // the queue or stream name
 	running atomic.Bool
 	gen     atomic.Uint64
@@ -91,6 +92,15 @@ func (c *Consumer) lag() (int64, bool) {
 
 // Handle sets the handler. Call it once, before Run.
 func (c *Consumer) Handle(h Handler) { c.handler = h }
+
+// HandleBatch sets an optional handler that processes all of a batch's new
+// messages at once — a projection written with one set-based statement
+// instead of one per message. It must have the same effect as Handle's
+// handler run on each message in order. When it fails, the batch runs again
+// message by message with Handle's handler, a savepoint each, so that each
+// failure is attributed to its message; Handle is therefore still required.
+// Read-only (forensic) and repair batches always run message by message.
+func (c *Consumer) HandleBatch(h BatchHandler) { c.batch = h }
 
 // Config returns the configuration with defaults filled in.
 func (c *Consumer) Config() Config { return c.cfg }

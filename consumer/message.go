@@ -19,6 +19,10 @@ import (
 // or roll back tx.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
+// BatchHandler processes the new messages of one batch, in delivery order,
+// inside the batch transaction tx. See Consumer.HandleBatch.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
 // Message is one delivery as the handler sees it.
 type Message struct {
 	// ID is the message's identity in the inbox (by default the AMQP message-id).

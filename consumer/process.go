@@ -259,6 +259,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	}
 	htx := handlerTx{tx}
 	savepoint := false
+	var together []int // with a batch handler: the messages it runs at once
 	for j, d := range decisions {
 		i := index[j]
 		m := msgs[i]
@@ -274,6 +275,10 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 				results[i] = result{outcome: outcomeDeadLettered, reason: ReasonPayloadConflict, storedHash: d.StoredHash, inbox: d.Decision,
 					err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", m.Hash, d.StoredHash)}
 			}
+			continue
+		}
+		if !careful && c.batch != nil {
+			together = append(together, i)
 			continue
 		}
 		if careful {
@@ -316,6 +321,27 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		r := c.classify(m, herr)
 		r.inbox, r.storedHash = d.Decision, results[i].storedHash
 		results[i] = r
+	}
+	if len(together) > 0 {
+		batch := make([]*Message, len(together))
+		for k, i := range together {
+			batch[k] = msgs[i]
+		}
+		start := time.Now()
+		herr := c.callBatchHandler(idem.WithDeferred(ctx, deferred), htx, batch)
+		c.tel.handlerTime(ctx, time.Since(start))
+		if herr == nil && tx.Conn().PgConn().TxStatus() == 'E' {
+			herr = errAbortedByHandler
+		}
+		if herr != nil {
+			if isContention(herr) {
+				return nil, &batchError{err: fmt.Errorf("batch handler: %w", herr), contention: true}
+			}
+			return nil, errNeedSavepoints // message by message, to find the culprit
+		}
+		for _, i := range together {
+			results[i].outcome = outcomeProcessed
+		}
 	}
 	if opts.readOnly {
 		return results, nil // the deferred rollback ends the transaction
@@ -413,6 +439,18 @@ func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, m *Message) (err 
 		}
 	}()
 	return c.handler(ctx, tx, m)
+}
+
+// callBatchHandler runs the batch handler and turns a panic into a *PanicError.
+func (c *Consumer) callBatchHandler(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+			c.cfg.Logger.Error("batch handler panicked", "consumer", c.cfg.Name, "messages", len(msgs),
+				"panic", fmt.Sprint(v), "stack", string(err.(*PanicError).Stack))
+		}
+	}()
+	return c.batch(ctx, tx, msgs)
 }
 
 // runBatch processes msgs, retrying the whole batch after database failures
