@@ -389,7 +389,6 @@ func (a *api) cleanupLoop(ctx context.Context) error {
 	}
 }
 
-
 // runAPI is the api subcommand.
 func runAPI(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("payments api", flag.ContinueOnError)
@@ -424,4 +423,3 @@ func runAPI(ctx context.Context, args []string) error {
 	log.Info("api stopped")
 	return err
 }
-

@@ -16,7 +16,7 @@ import (
 func TestDemoEveryBalanceGrowsByItsDistinctDeposits(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t) // skips, or fails under CI, without PostgreSQL
-	testbroker.Dial(t)      // the same for RabbitMQ
+	testbroker.Dial(t)     // the same for RabbitMQ
 	schema := testdb.Name(t, "qs")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
 	o := options{pgURL: testdb.URL(), amqpURL: testbroker.URL(), queue: testbroker.Queue(t), schema: schema,
