@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"sync"
 	"testing"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -103,72 +102,10 @@ func idsOf(msgs []Outgoing) []string {
 	return out
 }
 
-// proxy forwards TCP connections to the broker's stream port so that a test
-// can sever them (testbroker.Proxy does the same for the AMQP port).
-type proxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-	wg    sync.WaitGroup
-}
-
-// newProxy starts a proxy to target (host:port), stopped at cleanup.
-func newProxy(tb testing.TB, target string) *proxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(tb, err)
-	p := &proxy{ln: ln}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil {
-				_ = client.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, client, server)
-			p.mu.Unlock()
-			p.wg.Add(2)
-			go p.pipe(client, server)
-			go p.pipe(server, client)
-		}
-	}()
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		p.sever()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-// sever closes every connection open now.
-func (p *proxy) sever() {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	for _, c := range conns {
-		_ = c.Close()
-	}
-}
-
-// uri is URLFromEnv with the host replaced by the proxy's address.
-func (p *proxy) uri(tb testing.TB) string {
+// proxyURI is URLFromEnv with the host replaced by the proxy's address.
+func proxyURI(tb testing.TB, p *testbroker.Proxy) string {
 	u, err := url.Parse(URLFromEnv())
 	require.NoError(tb, err)
-	u.Host = p.ln.Addr().String()
+	u.Host = p.Addr()
 	return u.String()
 }

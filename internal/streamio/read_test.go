@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/stretchr/testify/require"
 )
 
@@ -301,8 +302,8 @@ func TestFollowReturnsErrorWhenConnectionDrops(t *testing.T) {
 
 	u, err := url.Parse(URLFromEnv())
 	require.NoError(t, err)
-	p := newProxy(t, u.Host)
-	e, err := Open(ctx, Config{URI: p.uri(t)})
+	p := testbroker.NewProxyTo(t, u.Host)
+	e, err := Open(ctx, Config{URI: proxyURI(t, p)})
 	require.NoError(t, err)
 	defer e.Close()
 
@@ -311,7 +312,7 @@ func TestFollowReturnsErrorWhenConnectionDrops(t *testing.T) {
 	go func() { done <- e.Follow(ctx, name, 0, 0, c.fn) }()
 	require.Eventually(t, func() bool { return len(c.snapshot()) == 3 }, 20*time.Second, 5*time.Millisecond)
 
-	p.sever()
+	p.Sever()
 	select {
 	case err := <-done:
 		require.ErrorIs(t, err, ErrConnectionLost)

@@ -85,19 +85,26 @@ type Proxy struct {
 	wg     sync.WaitGroup
 }
 
-// NewProxy starts a proxy in front of the broker and returns it; the proxy
-// stops when the test ends. Use its URL in place of URL().
+// NewProxy starts a proxy in front of the broker's AMQP port and returns
+// it; the proxy stops when the test ends. Use its URL in place of URL().
 func NewProxy(tb testing.TB) *Proxy {
 	tb.Helper()
 	u, err := url.Parse(URL())
 	if err != nil {
 		tb.Fatalf("testbroker: parse url: %v", err)
 	}
+	return NewProxyTo(tb, u.Host)
+}
+
+// NewProxyTo starts a proxy in front of target (host:port), such as the
+// broker's stream port; the proxy stops when the test ends. Connect to Addr.
+func NewProxyTo(tb testing.TB, target string) *Proxy {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatalf("testbroker: listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: u.Host}
+	p := &Proxy{ln: ln, target: target}
 	p.wg.Add(1)
 	go p.accept()
 	tb.Cleanup(func() {
@@ -107,6 +114,9 @@ func NewProxy(tb testing.TB) *Proxy {
 	})
 	return p
 }
+
+// Addr is the proxy's address (host:port).
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // URL is the broker URL with the host replaced by the proxy's address.
 func (p *Proxy) URL() string {
