@@ -20,7 +20,7 @@ FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::te
 
 // insertDeadLetters records the batch's dead letters inside tx, so that the
 // row exists exactly when the batch commits.
-func (c *Consumer) insertDeadLetters(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error {
+func (c *Consumer) insertDeadLetters(ctx context.Context, tx pgx.Tx, scope string, msgs []*Message, results []result) error {
 	var (
 		ids, reasons, errs, sources, exchanges, keys []string
 		hashes, stored, payloads                     [][]byte
@@ -31,7 +31,7 @@ func (c *Consumer) insertDeadLetters(ctx context.Context, tx pgx.Tx, msgs []*Mes
 			continue
 		}
 		m := msgs[i]
-		ids = append(ids, m.ID)
+		ids = append(ids, cleanText(m.ID))
 		hashes = append(hashes, m.Hash[:])
 		if r.storedHash.IsZero() {
 			stored = append(stored, nil)
@@ -41,9 +41,9 @@ func (c *Consumer) insertDeadLetters(ctx context.Context, tx pgx.Tx, msgs []*Mes
 		}
 		reasons = append(reasons, r.reason)
 		errs = append(errs, errorText(r.err))
-		sources = append(sources, m.Source)
-		exchanges = append(exchanges, m.Exchange)
-		keys = append(keys, m.RoutingKey)
+		sources = append(sources, cleanText(m.Source))
+		exchanges = append(exchanges, cleanText(m.Exchange))
+		keys = append(keys, cleanText(m.RoutingKey))
 		attempts = append(attempts, int32(max(m.Attempt, 1)))
 		if c.cfg.StorePayloads {
 			payloads = append(payloads, m.Body)
@@ -55,7 +55,7 @@ func (c *Consumer) insertDeadLetters(ctx context.Context, tx pgx.Tx, msgs []*Mes
 		return nil
 	}
 	sql := fmt.Sprintf(insertDeadLettersSQL, c.cfg.Tables.Table("dead_letters"))
-	if _, err := tx.Exec(ctx, sql, c.cfg.Name, ids, hashes, stored, reasons, errs, sources, exchanges, keys, attempts, payloads); err != nil {
+	if _, err := tx.Exec(ctx, sql, scope, ids, hashes, stored, reasons, errs, sources, exchanges, keys, attempts, payloads); err != nil {
 		return fmt.Errorf("consumer: record %d dead letters: %w", len(ids), err)
 	}
 	return nil
@@ -70,5 +70,12 @@ func errorText(err error) string {
 	if len(s) > maxStoredError {
 		s = s[:maxStoredError]
 	}
+	return cleanText(s)
+}
+
+// cleanText makes s storable as PostgreSQL text: valid UTF-8 (a cut in the
+// middle of a character becomes U+FFFD), no NUL bytes. Dead letters hold
+// whatever the producer sent; one bad byte must not fail the batch.
+func cleanText(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -114,7 +115,7 @@ func (c *Consumer) prepare(m *Message, rawID string) {
 		c.tel.limit("id_bytes")
 		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID,
 			Err: fmt.Errorf("message id has %d bytes, limit is %d", len(id), c.cfg.MaxIDBytes)}
-		m.ID = id[:64]
+		m.ID = cleanText(id[:64])
 		return
 	case !utf8.ValidString(id) || containsNUL(id):
 		m.deadLetter = &DeadLetterError{Reason: ReasonInvalidMessageID, Err: errors.New("message id is not valid UTF-8 text")}
@@ -163,8 +164,16 @@ type batchOptions struct {
 	asyncCommit bool
 	// messageContext decorates each message's handler context.
 	messageContext func(context.Context, *Message) context.Context
-	// beforeCommit runs last inside the transaction (checkpoints, audit rows).
-	beforeCommit func(ctx context.Context, tx pgx.Tx, results []result) error
+	// beforeCommit runs last inside the transaction (checkpoints, audit
+	// rows), with the messages of this transaction and their results.
+	beforeCommit func(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error
+	// committed runs after a commit succeeded, with the same messages and
+	// results.
+	committed func(msgs []*Message, results []result)
+	// inOrder keeps a split batch in order: when a half does not settle,
+	// the halves after it do not run (a stream's checkpoint must never pass
+	// a message that is not settled).
+	inOrder bool
 	// afterCommit runs once the commit returned without error (tests use it
 	// to simulate a crash between commit and ack).
 	afterCommit func()
@@ -260,6 +269,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	htx := handlerTx{tx}
 	savepoint := false
 	var together []int // with a batch handler: the messages it runs at once
+	rerunIDs := map[string]bool{}
 	for j, d := range decisions {
 		i := index[j]
 		m := msgs[i]
@@ -267,7 +277,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		if d.Decision == inbox.Conflict {
 			results[i].storedHash = d.StoredHash
 		}
-		run := d.Decision == inbox.NewMessage || opts.readOnly || (opts.rerun && d.Decision == inbox.Duplicate)
+		rerun := opts.rerun && d.Decision == inbox.Duplicate && !rerunIDs[m.ID]
+		if rerun {
+			rerunIDs[m.ID] = true // a second copy in the batch is a duplicate of this run
+		}
+		run := d.Decision == inbox.NewMessage || opts.readOnly || rerun
 		if !run {
 			if d.Decision == inbox.Duplicate {
 				results[i].outcome = outcomeDuplicate
@@ -277,7 +291,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 			}
 			continue
 		}
-		if !careful && c.batch != nil {
+		if !careful && c.batch != nil && opts.messageContext == nil {
 			together = append(together, i)
 			continue
 		}
@@ -315,7 +329,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		}
 		if d.Decision == inbox.NewMessage && !opts.readOnly {
 			if err := c.inbox.Unclaim(ctx, tx, scope, m.ID); err != nil {
-				return nil, &batchError{err: err}
+				return nil, &batchError{err: err, contention: isContention(err)}
 			}
 		}
 		r := c.classify(m, herr)
@@ -357,11 +371,11 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 			return nil, errNeedSavepoints
 		}
 	}
-	if err := c.insertDeadLetters(ctx, tx, msgs, results); err != nil {
-		return nil, &batchError{err: err}
+	if err := c.insertDeadLetters(ctx, tx, scope, msgs, results); err != nil {
+		return nil, &batchError{err: err, contention: isContention(err)}
 	}
 	if opts.beforeCommit != nil {
-		if err := opts.beforeCommit(ctx, tx, results); err != nil {
+		if err := opts.beforeCommit(ctx, tx, msgs, results); err != nil {
 			return nil, &batchError{err: err, contention: isContention(err)}
 		}
 	}
@@ -375,6 +389,9 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		return nil, &batchError{err: fmt.Errorf("commit: %w", err), contention: isContention(err)}
 	}
 	c.counts.batches.Add(1)
+	if opts.committed != nil {
+		opts.committed(msgs, results)
+	}
 	if opts.afterCommit != nil {
 		opts.afterCommit()
 	}
@@ -491,7 +508,11 @@ func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, opts batchOpti
 		}
 		if len(msgs) > 1 && (attempt >= c.cfg.BatchRetries || (contention && attempt >= 2)) {
 			half := len(msgs) / 2
-			return append(c.runBatch(ctx, msgs[:half], opts), c.runBatch(ctx, msgs[half:], opts)...)
+			first := c.runBatch(ctx, msgs[:half], opts)
+			if opts.inOrder && slices.ContainsFunc(first, func(r result) bool { return r.outcome == outcomeUnresolved }) {
+				return append(first, unresolved(len(msgs)-half, err)...)
+			}
+			return append(first, c.runBatch(ctx, msgs[half:], opts)...)
 		}
 		if attempt >= c.cfg.BatchRetries && c.databaseAnswers(ctx) {
 			return unresolved(len(msgs), err)

@@ -120,8 +120,8 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 	bo := batchOptions{scope: opts.Scope, readOnly: opts.ReadOnly, only: opts.Only, rerun: opts.Rerun,
 		messageContext: opts.MessageContext, asyncCommit: opts.AsyncCommit}
 	if opts.BeforeCommit != nil {
-		bo.beforeCommit = func(ctx context.Context, tx pgx.Tx, results []result) error {
-			return opts.BeforeCommit(ctx, tx, outcomes(prepared, results))
+		bo.beforeCommit = func(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error {
+			return opts.BeforeCommit(ctx, tx, outcomes(msgs, results))
 		}
 	}
 	results, err := c.processBatch(ctx, prepared, bo)

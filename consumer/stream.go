@@ -89,7 +89,7 @@ func (c *Consumer) followStream(ctx, work context.Context, env *streamio.Env, lo
 		}
 	}()
 	err = env.Follow(fctx, c.cfg.Stream, from, c.cfg.BatchMaxSize, func(_ context.Context, recs []streamio.Record) error {
-		return c.streamBatch(ctx, work, recs)
+		return c.streamBatch(fctx, work, recs)
 	})
 	if cause := context.Cause(fctx); errors.Is(cause, errLockLost) {
 		return errLockLost
@@ -99,8 +99,11 @@ func (c *Consumer) followStream(ctx, work context.Context, env *streamio.Env, lo
 
 // streamBatch runs one batch of consecutive records. A message whose
 // handler fails is retried in place (a stream has no retry queue) after a
-// backoff, alone, until it succeeds or is dead-lettered with max_attempts;
-// the checkpoint never passes a message that is not settled.
+// backoff, alone, until it succeeds or is dead-lettered with max_attempts.
+// The checkpoint written with each transaction never passes a message that
+// is not settled: not a retried one, not one of a later half of a split
+// batch that has not committed yet. ctx ends when the lock is lost or on
+// shutdown; work outlives shutdown for the batch in progress.
 func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record) error {
 	pending := make([]*Message, len(recs))
 	for i, r := range recs {
@@ -111,13 +114,22 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 		})
 	}
 	last := recs[len(recs)-1].Offset
-	for attempt := 1; ; attempt++ {
-		batch := pending
-		opts := batchOptions{beforeCommit: func(ctx context.Context, tx pgx.Tx, results []result) error {
-			upTo := last
+	settled := make(map[int64]bool, len(recs)) // committed with a final outcome
+	final := func(r result) bool { return r.outcome != outcomeRetry && r.outcome != outcomeUnresolved }
+	opts := batchOptions{
+		inOrder: true,
+		abandon: ctx.Done(),
+		beforeCommit: func(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error {
+			now := make(map[int64]bool, len(msgs))
 			for i, r := range results {
-				if r.outcome == outcomeRetry {
-					upTo = batch[i].Offset - 1
+				if final(r) {
+					now[msgs[i].Offset] = true
+				}
+			}
+			upTo := last
+			for _, r := range recs {
+				if !settled[r.Offset] && !now[r.Offset] {
+					upTo = r.Offset - 1
 					break
 				}
 			}
@@ -125,7 +137,17 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 				return nil
 			}
 			return AdvanceCheckpoint(ctx, tx, c.cfg.Tables, c.cfg.Name, c.cfg.Stream, upTo)
-		}}
+		},
+		committed: func(msgs []*Message, results []result) {
+			for i, r := range results {
+				if final(r) {
+					settled[msgs[i].Offset] = true
+				}
+			}
+		},
+	}
+	for attempt := 1; ; attempt++ {
+		batch := pending
 		results := c.runBatch(work, batch, opts)
 		c.counts.count(results)
 		pending = pending[:0:0]
@@ -133,7 +155,7 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 			c.tel.outcome(work, outcomeName(r), 1)
 			switch r.outcome {
 			case outcomeUnresolved:
-				return fmt.Errorf("consumer: batch at offset %d: %w", batch[0].Offset, r.err)
+				return fmt.Errorf("consumer: batch at offset %d: %w", batch[i].Offset, r.err)
 			case outcomeRetry:
 				m := batch[i]
 				c.cfg.Logger.Info("handler failed, retrying in place", "consumer", c.cfg.Name, "offset", m.Offset,
@@ -149,7 +171,7 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 			return nil
 		}
 		if !sleep(ctx, backoff(attempt, c.cfg.RetryBaseDelay, c.cfg.RetryMaxDelay)) {
-			return ctx.Err() // shutdown: the checkpoint stays before the failing message
+			return ctx.Err() // shutdown or lost lock: the checkpoint stays before the failing message
 		}
 	}
 }
