@@ -93,7 +93,7 @@ func (c *Consumer) connect(gen uint64) (*session, error) {
 	if err := pch.Confirm(false); err != nil {
 		return fail("confirm mode", err)
 	}
-	s.pub = &publisher{ch: pch, returns: pch.NotifyReturn(make(chan amqp.Return, 1024))}
+	s.pub = &publisher{ch: pch, returns: pch.NotifyReturn(make(chan amqp.Return, 2*publishChunk))}
 	return s, nil
 }
 
@@ -158,9 +158,29 @@ type outgoing struct {
 	msg   amqp.Publishing
 }
 
+// publishChunk bounds the publishes awaiting confirms at once, so that the
+// returns of a chunk always fit the returns channel (the client drops a
+// return it cannot deliver within 5 s, which would pass for stored).
+const publishChunk = 512
+
 // publishAll publishes every message and waits for the confirms; ok[i]
 // reports whether message i is safely stored in its queue.
 func (p *publisher) publishAll(ctx context.Context, out []outgoing) (ok []bool, err error) {
+	ok = make([]bool, 0, len(out))
+	for len(out) > 0 {
+		n := min(len(out), publishChunk)
+		part, err := p.publishChunk(ctx, out[:n])
+		ok = append(ok, part...)
+		if err != nil {
+			return append(ok, make([]bool, len(out)-n)...), err
+		}
+		out = out[n:]
+	}
+	return ok, nil
+}
+
+// publishChunk publishes at most publishChunk messages; see publishAll.
+func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ok = make([]bool, len(out))

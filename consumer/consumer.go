@@ -249,6 +249,9 @@ loop:
 		case <-cancelled:
 			reason = fmt.Errorf("broker cancelled the consumer of %s (queue deleted?)", c.cfg.Queue)
 			break loop
+		case <-s.dead:
+			reason = errors.New("session abandoned")
+			break loop
 		case d, ok := <-deliveries:
 			if !ok {
 				reason = errors.New("delivery channel closed")
@@ -420,14 +423,29 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 	for i, r := range results {
 		stored[i] = r.outcome == outcomeProcessed || r.outcome == outcomeDuplicate
 	}
+	unroutable := false
 	if len(out) > 0 {
 		ok, err := s.pub.publishAll(settleCtx, out)
 		if err != nil {
 			c.cfg.Logger.Error("publishing dead letters and retries failed; leaving them for redelivery",
 				"consumer", c.cfg.Name, "error", err)
 		}
+		failed := 0
 		for j, i := range outIdx {
 			stored[i] = ok[j]
+			if !ok[j] {
+				failed++
+			}
+		}
+		unroutable = failed > 0 && err == nil
+		if unroutable {
+			// Unroutable: the retry or dead-letter queue is gone. Leave the
+			// messages unacked and reconnect, which declares the topology
+			// again (Topology Declare); requeueing them at once would only
+			// dead-letter them again into the void.
+			c.cfg.Logger.Error("retry or dead-letter queue unroutable; reconnecting to declare it again",
+				"consumer", c.cfg.Name, "messages", failed, "retry_queue", c.cfg.RetryQueue, "dead_letter_queue", c.cfg.DeadLetterQueue)
+			defer s.kill()
 		}
 	}
 	for i, d := range batch {
@@ -436,9 +454,12 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 			return
 		}
 		var err error
-		if stored[i] {
+		switch {
+		case stored[i]:
 			err = s.ch.Ack(d.tag, false)
-		} else {
+		case unroutable:
+			continue // left unacked: the session ends and the broker requeues it
+		default:
 			err = s.ch.Nack(d.tag, false, true)
 		}
 		if err != nil {

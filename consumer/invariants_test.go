@@ -476,3 +476,39 @@ func TestDeferredWritesCommitOnceAndTheirErrorsReachTheHandler(t *testing.T) {
 	require.True(t, found, "the failing deferred statement's error must reach its handler")
 	require.EqualValues(t, 1, c.Stats().DeadLettered)
 }
+
+func TestDeletedDeadLetterQueueIsDeclaredAgainAndNothingIsLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare(nil)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if m.ID == "bad" {
+			return Permanent(errors.New("never"))
+		}
+		return e.effectHandler()(ctx, tx, m)
+	}
+	c := e.newConsumer(h, nil)
+	start(t, c)
+	e.publish("ok-1", `{}`, nil)
+	waitFor(t, 20*time.Second, "running", func() bool { return c.Stats().Processed == 1 })
+	_, err := e.ch.QueueDelete(e.queue+".dlq", false, false, false)
+	require.NoError(t, err)
+
+	e.publish("bad", `{}`, nil)
+	conn := testbroker.Dial(t)
+	waitFor(t, 30*time.Second, "dead letter stored in a declared-again DLQ", func() bool {
+		ch, err := conn.Channel() // a passive declare of a missing queue closes its channel
+		require.NoError(t, err)
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive(e.queue+".dlq", true, false, false, false, nil)
+		return err == nil && q.Messages >= 1
+	})
+	dlq := e.drain(e.queue + ".dlq")
+	require.NotEmpty(t, dlq)
+	require.Equal(t, "bad", dlq[0].MessageId)
+	require.GreaterOrEqual(t, c.Stats().Reconnects, int64(1))
+	waitFor(t, 10*time.Second, "queue empty", func() bool {
+		q, err := e.ch.QueueDeclarePassive(e.queue, true, false, false, false, nil)
+		return err == nil && q.Messages == 0
+	})
+}
