@@ -94,7 +94,9 @@ type BatchOptions struct {
 	// with the same hash, instead of skipping them as duplicates.
 	Rerun bool
 	// MessageContext, when set, decorates each handler's context (a replay
-	// attaches a ledger capture to it, for instance).
+	// attaches a ledger capture to it, for instance). A batch with
+	// MessageContext runs message by message, never through HandleBatch's
+	// handler, which has no per-message context.
 	MessageContext func(ctx context.Context, m *Message) context.Context
 	// AsyncCommit commits with synchronous_commit off: a crash may lose the
 	// last batches, never part of one. Only for work that is redone after a
