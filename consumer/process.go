@@ -33,6 +33,9 @@ const (
 	outcomeUnresolved
 	// outcomeSkipped: not selected by a replay; nothing was done.
 	outcomeSkipped
+	// outcomeDeferred: not attempted because an earlier message of the
+	// batch is being retried (stopAtRetry); run it again after that one.
+	outcomeDeferred
 )
 
 func (o outcome) String() string {
@@ -47,6 +50,8 @@ func (o outcome) String() string {
 		return "retried"
 	case outcomeSkipped:
 		return "skipped"
+	case outcomeDeferred:
+		return "deferred"
 	default:
 		return "unresolved"
 	}
@@ -170,6 +175,11 @@ type batchOptions struct {
 	// committed runs after a commit succeeded, with the same messages and
 	// results.
 	committed func(msgs []*Message, results []result)
+	// stopAtRetry keeps processing in order: once a message is to be
+	// retried, the messages after it in the batch are not attempted
+	// (outcomeDeferred) and nothing after it commits. Ordered sources (a
+	// stream, a replay) retry in place and must not commit past it.
+	stopAtRetry bool
 	// inOrder keeps a split batch in order: when a half does not settle,
 	// the halves after it do not run (a stream's checkpoint must never pass
 	// a message that is not settled).
@@ -246,12 +256,12 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	claims := make([]inbox.Claim, 0, len(msgs))
 	index := make([]int, 0, len(msgs))
 	for i, m := range msgs {
-		if m.deadLetter != nil {
-			results[i] = result{outcome: outcomeDeadLettered, reason: m.deadLetter.Reason, err: m.deadLetter.Err}
+		if opts.only != nil && !opts.only(m) {
+			results[i] = result{outcome: outcomeSkipped} // not selected: untouched, even if invalid
 			continue
 		}
-		if opts.only != nil && !opts.only(m) {
-			results[i] = result{outcome: outcomeSkipped}
+		if m.deadLetter != nil {
+			results[i] = result{outcome: outcomeDeadLettered, reason: m.deadLetter.Reason, err: m.deadLetter.Err}
 			continue
 		}
 		cl := inbox.Claim{Consumer: scope, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
@@ -270,9 +280,19 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	savepoint := false
 	var together []int // with a batch handler: the messages it runs at once
 	rerunIDs := map[string]bool{}
+	stopAt := -1 // index of the first retried message, with stopAtRetry
 	for j, d := range decisions {
 		i := index[j]
 		m := msgs[i]
+		if stopAt >= 0 {
+			results[i] = result{outcome: outcomeDeferred}
+			if d.Decision == inbox.NewMessage && !opts.readOnly {
+				if err := c.inbox.Unclaim(ctx, tx, scope, m.ID); err != nil {
+					return nil, &batchError{err: err, contention: isContention(err)}
+				}
+			}
+			continue
+		}
 		results[i].inbox = d.Decision
 		if d.Decision == inbox.Conflict {
 			results[i].storedHash = d.StoredHash
@@ -335,6 +355,17 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		r := c.classify(m, herr)
 		r.inbox, r.storedHash = d.Decision, results[i].storedHash
 		results[i] = r
+		if r.outcome == outcomeRetry && opts.stopAtRetry {
+			stopAt = i
+		}
+	}
+	if stopAt >= 0 {
+		// Invalid messages after the stop are dead-lettered when their turn comes.
+		for i := stopAt + 1; i < len(msgs); i++ {
+			if results[i].outcome == outcomeDeadLettered {
+				results[i] = result{outcome: outcomeDeferred}
+			}
+		}
 	}
 	if len(together) > 0 {
 		batch := make([]*Message, len(together))

@@ -53,7 +53,8 @@ type Outcome struct {
 	// BusinessKey is the message's business key, when Config.BusinessKey is set.
 	BusinessKey string
 	// Result is "processed", "duplicate", "dead_lettered", "retried",
-	// "skipped" (not selected) or "unresolved".
+	// "skipped" (not selected), "deferred" (not attempted: an earlier
+	// message is retried, see StopAtRetry) or "unresolved".
 	Result string
 	// Inbox is what the inbox held before the message: "new" (not
 	// processed), "duplicate" (processed with the same hash), "conflict"
@@ -98,6 +99,12 @@ type BatchOptions struct {
 	// MessageContext runs message by message, never through HandleBatch's
 	// handler, which has no per-message context.
 	MessageContext func(ctx context.Context, m *Message) context.Context
+	// StopAtRetry processes the batch in order: once a message's handler
+	// fails with a retryable error, the messages after it are not attempted
+	// (Result "deferred") and nothing after it commits, so a source that
+	// retries in place can keep its checkpoint before the failed message
+	// without leaving later messages processed past it.
+	StopAtRetry bool
 	// AsyncCommit commits with synchronous_commit off: a crash may lose the
 	// last batches, never part of one. Only for work that is redone after a
 	// crash and has nothing outside the database depend on its commit — a
@@ -120,7 +127,7 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 		prepared[i] = c.fromIncoming(in)
 	}
 	bo := batchOptions{scope: opts.Scope, readOnly: opts.ReadOnly, only: opts.Only, rerun: opts.Rerun,
-		messageContext: opts.MessageContext, asyncCommit: opts.AsyncCommit}
+		messageContext: opts.MessageContext, asyncCommit: opts.AsyncCommit, stopAtRetry: opts.StopAtRetry}
 	if opts.BeforeCommit != nil {
 		bo.beforeCommit = func(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error {
 			return opts.BeforeCommit(ctx, tx, outcomes(msgs, results))

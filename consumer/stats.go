@@ -68,7 +68,7 @@ func (k *counters) count(results []result) {
 			k.deadLettered.Add(1)
 		case outcomeRetry:
 			k.retried.Add(1)
-		default:
+		case outcomeUnresolved:
 			k.unresolved.Add(1)
 		}
 	}

@@ -115,10 +115,13 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 	}
 	last := recs[len(recs)-1].Offset
 	settled := make(map[int64]bool, len(recs)) // committed with a final outcome
-	final := func(r result) bool { return r.outcome != outcomeRetry && r.outcome != outcomeUnresolved }
+	final := func(r result) bool {
+		return r.outcome != outcomeRetry && r.outcome != outcomeUnresolved && r.outcome != outcomeDeferred
+	}
 	opts := batchOptions{
-		inOrder: true,
-		abandon: ctx.Done(),
+		inOrder:     true,
+		stopAtRetry: true,
+		abandon:     ctx.Done(),
 		beforeCommit: func(ctx context.Context, tx pgx.Tx, msgs []*Message, results []result) error {
 			now := make(map[int64]bool, len(msgs))
 			for i, r := range results {
@@ -152,7 +155,9 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 		c.counts.count(results)
 		pending = pending[:0:0]
 		for i, r := range results {
-			c.tel.outcome(work, outcomeName(r), 1)
+			if r.outcome != outcomeDeferred {
+				c.tel.outcome(work, outcomeName(r), 1)
+			}
 			switch r.outcome {
 			case outcomeUnresolved:
 				return fmt.Errorf("consumer: batch at offset %d: %w", batch[i].Offset, r.err)
@@ -162,6 +167,8 @@ func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record
 					"message_id", shortID(m.ID), "attempt", m.Attempt, "error", errorText(r.err))
 				m.Attempt++
 				pending = append(pending, m)
+			case outcomeDeferred:
+				pending = append(pending, batch[i]) // its turn comes after the retried one
 			case outcomeDeadLettered:
 				c.logDeadLetter(batch[i], r)
 			}

@@ -110,6 +110,8 @@ func TestStreamHandlerErrorRetriesInPlaceWithoutPassingTheCheckpoint(t *testing.
 	waitFor(t, 10*time.Second, "first attempt failed", func() bool { return fails.Load() >= 1 })
 	if fails.Load() < 3 {
 		require.Less(t, e.checkpoint(stream), int64(10), "the checkpoint passed a message that was not settled")
+		require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("inbox")+` WHERE stream_offset > 10`),
+			"messages after the retried one must wait for it")
 	}
 	waitFor(t, 30*time.Second, "checkpoint at 19", func() bool { return e.checkpoint(stream) == 19 })
 	eff := e.effects()

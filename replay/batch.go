@@ -99,6 +99,10 @@ func (r *runner) process(ctx context.Context, seg *segment, ins []consumer.Incom
 	for attempt := 1; ; attempt++ {
 		batch := pending
 		opts := seg.opts
+		// In order: nothing after a retried message commits before it, so
+		// a resumed run (which re-reads from its checkpoint) never applies
+		// a message twice, not even a repair's re-run.
+		opts.StopAtRetry = true
 		var captures map[int64]*ledger.Capture
 		if seg.mode == idem.Forensic {
 			captures = make(map[int64]*ledger.Capture, len(batch))
@@ -118,6 +122,10 @@ func (r *runner) process(ctx context.Context, seg *segment, ins []consumer.Incom
 		}
 		pending = nil
 		for i, o := range outs {
+			if o.Result == "deferred" {
+				pending = append(pending, batch[i]) // after the retried message
+				continue
+			}
 			if o.Result == "retried" && seg.mode != idem.Forensic {
 				in := batch[i]
 				r.log.Info("handler failed, retrying in place", "offset", in.Offset, "attempt", in.Attempt, "error", errorText(o.Err))
@@ -144,7 +152,7 @@ func (r *runner) process(ctx context.Context, seg *segment, ins []consumer.Incom
 func (r *runner) beforeCommit(ctx context.Context, tx pgx.Tx, seg *segment, batch []consumer.Incoming, outs []consumer.Outcome, last int64) error {
 	upTo := last
 	for i, o := range outs {
-		if o.Result == "retried" {
+		if o.Result == "retried" || o.Result == "deferred" {
 			upTo = batch[i].Offset - 1
 			break
 		}

@@ -264,6 +264,17 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 				"the live consumer would skip (%d, %d] as duplicates of its own inbox; rebuild to at least %d",
 				end, live, end, live, live)
 		}
+		// The hand-off moves the live checkpoint to the end: a rebuild that
+		// starts after the live checkpoint would leave the messages in
+		// between processed by nobody.
+		switch {
+		case r.o.From.kind == posTime:
+			return Position{}, invalid("a rebuild starts from first or an offset, not a time: the live consumer's " +
+				"messages before the start must all be covered")
+		case r.o.From.kind == posOffset && r.o.From.offset > live+1:
+			return Position{}, invalid("the rebuild would start at offset %d, after the live consumer's checkpoint %d: "+
+				"(%d, %d) would be processed by nobody; start at %d or earlier", r.o.From.offset, live, live, r.o.From.offset, live+1)
+		}
 		row.live = &live
 	}
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
