@@ -125,25 +125,26 @@ func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 		Headers:       headers,
 		Body:          p.Body,
 	}
-	wait, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
+	dc, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
 	if err != nil {
 		// Publish failed in the client: nothing was sent.
 		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
 	}
 	select {
-	case c := <-wait:
-		switch {
-		case c.lost:
-			return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
-		case c.returned != "":
-			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: returned unroutable: %s", call.EffectID, c.returned)
-		case !c.ack:
-			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
-		}
-		return Result{Status: StatusSucceeded}, nil
+	case <-dc.Done():
 	case <-ctx.Done():
 		return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: no confirm: %w", call.EffectID, ctx.Err())
 	}
+	if text, returned := s.returnOf(call.EffectID); returned {
+		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: returned unroutable: %s", call.EffectID, text)
+	}
+	if !dc.Acked() {
+		if s.dead() {
+			return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
+		}
+		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
+	}
+	return Result{Status: StatusSucceeded}, nil
 }
 
 // session returns the open session, dialling a new one if there is none.
@@ -169,29 +170,23 @@ func (e *AMQPExecutor) session() (*amqpSession, error) {
 	return s, nil
 }
 
-// confirmation is how one publish ended.
-type confirmation struct {
-	ack      bool
-	returned string // the broker's reply text when it returned the message
-	lost     bool   // the channel closed before the confirm
-}
-
-type pendingPublish struct {
-	messageID string
-	returned  string
-	done      chan confirmation // buffered 1
-}
-
-// amqpSession is a connection with one confirm-mode channel and the
-// goroutine that matches returns and confirms to publishes.
+// amqpSession is a connection with one confirm-mode channel. Confirms are
+// deferred confirmations (no listener goroutine the client could block on);
+// returns land in a buffered channel that publishers drain after their
+// confirm, under a lock that is never held across a call into the client.
 type amqpSession struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	returns chan amqp.Return
 
-	mu      sync.Mutex // serialises publishes with their sequence numbers
-	pending map[uint64]*pendingPublish
-	gone    chan struct{} // closed when the channel is gone
+	mu       sync.Mutex        // guards returned
+	returned map[string]string // message id → reply text of a return not yet claimed
 }
+
+// returnsBuffer bounds the returns waiting to be drained. The client drops a
+// return it cannot deliver within 5 s (which would pass for a stored
+// message), so it must exceed the publishes in flight at once.
+const returnsBuffer = 4096
 
 func dialSession(cfg AMQPConfig) (*amqpSession, error) {
 	conn, err := cfg.Dial(cfg.URL)
@@ -207,81 +202,39 @@ func dialSession(cfg AMQPConfig) (*amqpSession, error) {
 		_ = conn.Close()
 		return nil, err
 	}
-	s := &amqpSession{conn: conn, ch: ch, pending: map[uint64]*pendingPublish{}, gone: make(chan struct{})}
-	// Unbuffered on purpose: the broker sends basic.return before the ack
-	// of the same message, and the client hands them over in that order, so
-	// one goroutine reading both sees the return first.
-	returns := ch.NotifyReturn(make(chan amqp.Return))
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation))
-	go s.match(returns, confirms)
-	return s, nil
+	return &amqpSession{conn: conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, returnsBuffer)),
+		returned: map[string]string{}}, nil
 }
 
-// match routes returns and confirms to their publishes until the channel
-// closes, then fails every publish still waiting as lost.
-func (s *amqpSession) match(returns <-chan amqp.Return, confirms <-chan amqp.Confirmation) {
-	defer func() {
-		s.mu.Lock()
-		for tag, p := range s.pending {
-			p.done <- confirmation{lost: true}
-			delete(s.pending, tag)
-		}
-		close(s.gone)
-		s.mu.Unlock()
-	}()
-	for {
-		select {
-		case r, ok := <-returns:
-			if !ok {
-				returns = nil
-				continue
-			}
-			s.mu.Lock()
-			for _, p := range s.pending {
-				if p.messageID == r.MessageId && p.returned == "" {
-					p.returned = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
-					break
-				}
-			}
-			s.mu.Unlock()
-		case c, ok := <-confirms:
-			if !ok {
-				return
-			}
-			s.mu.Lock()
-			if p := s.pending[c.DeliveryTag]; p != nil {
-				delete(s.pending, c.DeliveryTag)
-				p.done <- confirmation{ack: c.Ack, returned: p.returned}
-			}
-			s.mu.Unlock()
-		}
-	}
+func (s *amqpSession) dead() bool { return s.ch.IsClosed() }
+
+// publish sends msg and returns its deferred confirmation.
+func (s *amqpSession) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	s.mu.Lock()
+	delete(s.returned, msg.MessageId) // a stale return of an earlier attempt
+	s.mu.Unlock()
+	return s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 }
 
-func (s *amqpSession) dead() bool {
-	select {
-	case <-s.gone:
-		return true
-	default:
-		return s.ch.IsClosed()
-	}
-}
-
-// publish sends msg and returns the channel its confirmation arrives on.
-func (s *amqpSession) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (<-chan confirmation, error) {
+// returnOf reports whether the broker returned the message with id as
+// unroutable. Call it after the message's confirm: the broker sends
+// basic.return before the ack, and the client queues the return before it
+// resolves the confirm.
+func (s *amqpSession) returnOf(id string) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	select {
-	case <-s.gone:
-		return nil, amqp.ErrClosed
-	default:
+	for {
+		select {
+		case r, ok := <-s.returns:
+			if ok {
+				s.returned[r.MessageId] = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
+				continue
+			}
+		default:
+		}
+		break
 	}
-	tag := s.ch.GetNextPublishSeqNo()
-	p := &pendingPublish{messageID: msg.MessageId, done: make(chan confirmation, 1)}
-	s.pending[tag] = p
-	if err := s.ch.PublishWithContext(ctx, exchange, key, true, false, msg); err != nil {
-		delete(s.pending, tag)
-		return nil, err
-	}
-	return p.done, nil
+	text, found := s.returned[id]
+	delete(s.returned, id)
+	return text, found
 }

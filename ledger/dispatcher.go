@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,7 +259,15 @@ func (d *Dispatcher) claim(r *run, n int) (int, error) {
 	// The local deadline starts before the claim, so it ends before the
 	// lease the database computes.
 	deadline := time.Now().Add(d.cfg.Lease * 9 / 10)
-	entries, err := d.claimRows(r.ctx, d.sql.claim, d.types, n, owner)
+	if r.ctx.Err() != nil {
+		return 0, nil
+	}
+	// The claim commits on its own: were it cancelled between the commit and
+	// reading the rows, the claimed effects would never be called and would
+	// end unknown. So it runs detached from shutdown, bounded by a timeout.
+	cctx, cancel := context.WithTimeout(r.detached, 30*time.Second)
+	defer cancel()
+	entries, err := d.claimRows(cctx, d.sql.claim, d.types, n, owner)
 	if err != nil || len(entries) == 0 {
 		return 0, err
 	}
@@ -416,9 +425,14 @@ func (d *Dispatcher) backoff(attempt int) time.Duration {
 	return b/2 + jitter(b/2)
 }
 
+// truncate returns s as storable text of at most n bytes: valid UTF-8 (an
+// executor's error may quote a target's bytes, and a cut may split a
+// character) and no NUL, which PostgreSQL text cannot hold. One bad error
+// must not fail the batch of outcomes it is written with.
 func truncate(s string, n int) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
 	if len(s) <= n {
 		return s
 	}
-	return s[:n]
+	return strings.ToValidUTF8(s[:n], "")
 }

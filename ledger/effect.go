@@ -144,6 +144,9 @@ var (
 	// ErrInFlight means an operator tried to resolve an effect while a
 	// dispatcher holds it; wait for the outcome or the lease to expire.
 	ErrInFlight = errors.New("ledger: effect is in flight")
+	// ErrNotResolvable means an operator tried to resolve a succeeded or
+	// suppressed effect.
+	ErrNotResolvable = errors.New("ledger: effect cannot be resolved")
 )
 
 // EffectConflictError is returned when an effect id is recorded again with a

@@ -40,6 +40,11 @@ type HTTPExecutor struct {
 
 var defaultHTTPClient = &http.Client{Timeout: 30 * time.Second}
 
+// noRedirects is what Execute does with any client: a redirect is answered,
+// not followed. Following one would turn the POST into a GET without a body
+// and count its 200 as the effect's success.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
 // DeduplicatesByKey returns e.Deduplicates.
 func (e *HTTPExecutor) DeduplicatesByKey() bool { return e.Deduplicates }
 
@@ -61,10 +66,12 @@ func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: http %s: build request: %w", call.EffectID, err)
 	}
 	if !e.Deduplicates {
-		// Without GetBody the transport cannot resend the request by itself
-		// on a broken keep-alive connection; only the ledger decides on
-		// resending, and only to targets that deduplicate.
+		// Without GetBody, and with a body that is not http.NoBody (which
+		// the transport treats as replayable), the transport cannot resend
+		// the request by itself on a broken keep-alive connection; only the
+		// ledger decides on resending, and only to targets that deduplicate.
 		req.GetBody = nil
+		req.Body = io.NopCloser(bytes.NewReader(call.Request))
 	}
 	for k, vs := range e.Header {
 		for _, v := range vs {
@@ -79,6 +86,9 @@ func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	if client == nil {
 		client = defaultHTTPClient
 	}
+	c := *client
+	c.CheckRedirect = noRedirects
+	client = &c
 	resp, err := client.Do(req)
 	if err != nil {
 		if !sent.Load() {
@@ -94,6 +104,8 @@ func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	case code >= 200 && code < 300:
 		res.Status = StatusSucceeded
 		return res, nil
+	case code >= 300 && code < 400:
+		res.Status = StatusFailedTerminal // a redirect: the target is misconfigured, nothing was done
 	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
 		res.Status = StatusFailedRetryable
 		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
@@ -107,16 +119,19 @@ func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	return res, err
 }
 
+// maxRetryAfter caps what a target may ask for with Retry-After.
+const maxRetryAfter = 24 * time.Hour
+
 // retryAfter parses a Retry-After header: delay seconds or an HTTP date.
 func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
 	if s, err := strconv.Atoi(v); err == nil && s > 0 {
-		return time.Duration(s) * time.Second
+		return min(time.Duration(min(s, int(maxRetryAfter/time.Second)))*time.Second, maxRetryAfter)
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+		return min(t.Sub(now), maxRetryAfter)
 	}
 	return 0
 }

@@ -21,6 +21,7 @@ const statsSQL = `SELECT status, count(*) FROM {ledger} GROUP BY status`
 // resolveSQL moves effect $1 from status $2 to $3 for an operator.
 const resolveSQL = `UPDATE {ledger} SET
 	status = $3::text, lock_owner = NULL, locked_until = NULL, next_attempt_at = now(),
+	attempt_count = CASE WHEN $3::text = 'pending' THEN 0 ELSE attempt_count END,
 	last_error = $4,
 	completed_at = CASE WHEN $3::text IN ('succeeded', 'failed_terminal') THEN now() END
 WHERE effect_id = $1 AND status = $2
@@ -106,7 +107,9 @@ type Resolution struct {
 // Resolve applies r to the effect with id id and writes an audit row (who,
 // when, from which status to which, why) in the same transaction. An effect
 // in flight cannot be resolved (ErrInFlight): wait for its outcome or for its
-// lease to expire. Resolving to StatusPending wakes the dispatchers.
+// lease to expire. A succeeded or suppressed effect cannot be resolved
+// (ErrNotResolvable). Resolving to StatusPending sends it again, with the
+// same idempotency key and a fresh attempt budget, and wakes the dispatchers.
 func (l *Ledger) Resolve(ctx context.Context, id string, r Resolution) (Entry, error) {
 	if err := l.needPool(); err != nil {
 		return Entry{}, err
@@ -125,8 +128,13 @@ func (l *Ledger) Resolve(ctx context.Context, id string, r Resolution) (Entry, e
 		if err != nil {
 			return notFound(id, err)
 		}
-		if cur.Status == StatusInFlight {
+		switch cur.Status {
+		case StatusInFlight:
 			return fmt.Errorf("%w until %s", ErrInFlight, cur.LockedUntil.Format(time.RFC3339))
+		case StatusSucceeded, StatusSuppressed:
+			// Sending a completed effect again, or a rebuild's suppressed one,
+			// is never an operator's fix.
+			return fmt.Errorf("%w: %s is %s", ErrNotResolvable, id, cur.Status)
 		}
 		note := fmt.Sprintf("resolved as %s by %s: %s", r.As, r.Operator, r.Reason)
 		out, err = scanEntry(tx.QueryRow(ctx, l.sql.resolve, id, string(cur.Status), string(r.As), note))

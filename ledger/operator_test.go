@@ -44,7 +44,7 @@ func TestResolveIsAudited(t *testing.T) {
 	require.Equal(t, ledger.StatusPending, got.Status)
 	done := f.waitFor(t, a.ID, status(ledger.StatusSucceeded))
 	require.Equal(t, a.IdempotencyKey, done.IdempotencyKey)
-	require.Equal(t, 2, done.AttemptCount)
+	require.Equal(t, 1, done.AttemptCount, "a resolved retry starts a fresh attempt budget; the audit keeps the history")
 
 	history, err := f.ledger.History(ctx, a.ID)
 	require.NoError(t, err)
@@ -58,6 +58,9 @@ func TestResolveIsAudited(t *testing.T) {
 	stats, err := f.ledger.Stats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, map[ledger.Status]int64{ledger.StatusSucceeded: 1}, stats.Counts)
+
+	_, err = f.ledger.Resolve(ctx, a.ID, ledger.Resolution{As: ledger.StatusPending, Reason: "again", Operator: "alice"})
+	require.ErrorIs(t, err, ledger.ErrNotResolvable, "a succeeded effect is never sent again")
 }
 
 func TestResolveRefusesEffectInFlight(t *testing.T) {
