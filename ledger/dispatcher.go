@@ -201,10 +201,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 	d.claimLoop(r)
 
+	// The sweep loop may still start lookups until it stops: wait for it
+	// before waiting for the calls, so that no call starts after that.
+	bg.Wait()
 	d.waitCalls(r)
 	close(finish)
 	<-completed
-	bg.Wait()
 	return nil
 }
 
