@@ -23,6 +23,7 @@ type session struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	pub  *publisher
+	acks *acker // settles ch's deliveries
 	dead chan struct{}
 	once sync.Once
 }
@@ -86,6 +87,7 @@ func (c *Consumer) connect(gen uint64) (*session, error) {
 	if err := s.ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
 		return fail("qos", err)
 	}
+	s.acks = newAcker(s.ch, c.cfg.Prefetch)
 	pch, err := conn.Channel()
 	if err != nil {
 		return fail("open publish channel", err)

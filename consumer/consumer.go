@@ -282,7 +282,12 @@ loop:
 		// queues: acks that arrive after basic.cancel are ignored, and acks
 		// still pending in the channel when the connection closes are lost,
 		// while a cancel-ok confirms the acks before it. What is still
-		// buffered stays unacked and returns to the queue on close.
+		// buffered stays unacked and returns to the queue on close. Acks
+		// waiting behind deliveries that were never started go out first.
+		if err := s.acks.flush(); err != nil {
+			c.cfg.Logger.Warn("acking at shutdown failed; the broker redelivers what was not acked",
+				"consumer", c.cfg.Name, "error", err)
+		}
 		_ = s.ch.Cancel(tag, false)
 	}
 	return reason
@@ -448,25 +453,31 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 			defer s.kill()
 		}
 	}
+	acks := make([]uint64, 0, len(batch))
+	var nacks []uint64
 	for i, d := range batch {
-		if !s.alive() {
-			c.dropAcks(ctx, len(batch)-i)
-			return
-		}
-		var err error
 		switch {
 		case stored[i]:
-			err = s.ch.Ack(d.tag, false)
+			acks = append(acks, d.tag)
 		case unroutable:
-			continue // left unacked: the session ends and the broker requeues it
+			// left unacked: the session ends and the broker requeues it
 		default:
-			err = s.ch.Nack(d.tag, false, true)
+			nacks = append(nacks, d.tag)
 		}
-		if err != nil {
-			s.kill()
-			c.dropAcks(ctx, len(batch)-i)
-			return
-		}
+	}
+	if !s.alive() {
+		c.dropAcks(ctx, len(batch))
+		return
+	}
+	err := s.acks.settle(acks, nacks)
+	if err == nil && unroutable {
+		err = s.acks.flush() // the session ends: nothing may wait for the tags left unacked
+	}
+	if err != nil {
+		c.cfg.Logger.Warn("acking failed; the broker redelivers what was not acked",
+			"consumer", c.cfg.Name, "error", err)
+		s.kill()
+		c.dropAcks(ctx, len(batch))
 	}
 }
 

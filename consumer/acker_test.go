@@ -1,0 +1,255 @@
+package consumer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/testbroker"
+)
+
+// brokerModel settles tags as RabbitMQ does: a multiple ack settles every
+// outstanding tag up to its own, which must itself be outstanding (else the
+// broker closes the channel: "unknown delivery tag").
+type brokerModel struct {
+	outstanding map[uint64]bool
+	acked       map[uint64]bool
+	requeued    map[uint64]bool
+	frames      []string
+}
+
+func newBrokerModel(n int) *brokerModel {
+	b := &brokerModel{outstanding: map[uint64]bool{}, acked: map[uint64]bool{}, requeued: map[uint64]bool{}}
+	for tag := uint64(1); tag <= uint64(n); tag++ {
+		b.outstanding[tag] = true
+	}
+	return b
+}
+
+func (b *brokerModel) Ack(tag uint64, multiple bool) error {
+	b.frames = append(b.frames, fmt.Sprintf("ack %d %v", tag, multiple))
+	if !b.outstanding[tag] {
+		return fmt.Errorf("PRECONDITION_FAILED - unknown delivery tag %d", tag)
+	}
+	for t := range b.outstanding {
+		if t == tag || multiple && t < tag {
+			delete(b.outstanding, t)
+			b.acked[t] = true
+		}
+	}
+	return nil
+}
+
+func (b *brokerModel) Nack(tag uint64, multiple, requeue bool) error {
+	b.frames = append(b.frames, fmt.Sprintf("nack %d", tag))
+	if multiple || !requeue || !b.outstanding[tag] {
+		return fmt.Errorf("unexpected nack %d multiple=%v requeue=%v", tag, multiple, requeue)
+	}
+	delete(b.outstanding, tag)
+	b.requeued[tag] = true
+	return nil
+}
+
+func TestAckerSendsOneMultipleAckPerBatchInOrder(t *testing.T) {
+	b := newBrokerModel(6)
+	a := newAcker(b, 100)
+	for _, batch := range [][]uint64{{1, 2, 3}, {4, 5, 6}} {
+		if err := a.settle(batch, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"ack 3 true", "ack 6 true"}; !slices.Equal(b.frames, want) {
+		t.Fatalf("frames %v, want %v", b.frames, want)
+	}
+}
+
+func TestAckerNeverAcksATagAboveAnUnsettledOne(t *testing.T) {
+	b := newBrokerModel(6)
+	a := newAcker(b, 100)
+	// The second batch finishes first: its acks wait for the first.
+	if err := a.settle([]uint64{4, 5, 6}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.frames) != 0 {
+		t.Fatalf("acked %v while tags 1-3 were unsettled", b.frames)
+	}
+	// The first batch hands message 2 back: the nack goes out before the
+	// multiple ack that covers it.
+	if err := a.settle([]uint64{1, 3}, []uint64{2}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"nack 2", "ack 6 true"}; !slices.Equal(b.frames, want) {
+		t.Fatalf("frames %v, want %v", b.frames, want)
+	}
+	if !b.requeued[2] || b.acked[2] {
+		t.Fatal("message 2 was acked instead of handed back")
+	}
+}
+
+func TestAckerFlushLeavesUnstartedDeliveriesUnacked(t *testing.T) {
+	b := newBrokerModel(5)
+	a := newAcker(b, 100)
+	// Tags 1 and 4 were never started (shutdown); 2, 3 and 5 committed.
+	if err := a.settle([]uint64{2, 3}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.settle([]uint64{5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.frames) != 0 {
+		t.Fatalf("acked %v above unsettled tag 1", b.frames)
+	}
+	if err := a.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if b.acked[1] || b.acked[4] || !b.outstanding[1] || !b.outstanding[4] {
+		t.Fatalf("unstarted deliveries settled: acked %v", b.acked)
+	}
+	for _, tag := range []uint64{2, 3, 5} {
+		if !b.acked[tag] {
+			t.Fatalf("committed tag %d not acked after flush", tag)
+		}
+	}
+	for _, f := range b.frames {
+		if f != "ack 2 false" && f != "ack 3 false" && f != "ack 5 false" {
+			t.Fatalf("flush sent %q", f)
+		}
+	}
+}
+
+func TestAckerAcksOneByOneWhenASlowBatchHoldsTooMany(t *testing.T) {
+	b := newBrokerModel(10)
+	a := newAcker(b, 8) // at most 4 acks wait
+	if err := a.settle([]uint64{2, 3, 4, 5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.frames) != 0 {
+		t.Fatalf("frames %v before the limit", b.frames)
+	}
+	if err := a.settle([]uint64{6}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.acked) != 5 || b.acked[1] {
+		t.Fatalf("acked %v, want 2-6 one by one while tag 1 is in a batch", b.acked)
+	}
+	// Tag 1 finishes: one frame for it, none again for 2-6.
+	b.frames = nil
+	if err := a.settle([]uint64{1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ack 1 true"}; !slices.Equal(b.frames, want) {
+		t.Fatalf("frames %v, want %v", b.frames, want)
+	}
+	if err := a.settle([]uint64{7}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !b.acked[7] || len(b.outstanding) != 3 {
+		t.Fatalf("tag 7 not acked at once: outstanding %v", b.outstanding)
+	}
+}
+
+// TestAckerSettlesEveryTagAsAsked runs random batches, finished in random
+// order, with random nacks and deliveries left unsettled, against the broker
+// model: every tag ends exactly as the runtime asked, and no frame is
+// refused.
+func TestAckerSettlesEveryTagAsAsked(t *testing.T) {
+	for seed := range uint64(500) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		n := 1 + rng.IntN(200)
+		b := newBrokerModel(n)
+		a := newAcker(b, 1+rng.IntN(64))
+		var batches [][]uint64
+		for tag := uint64(1); tag <= uint64(n); {
+			size := 1 + rng.IntN(20)
+			var batch []uint64
+			for ; size > 0 && tag <= uint64(n); size-- {
+				batch = append(batch, tag)
+				tag++
+			}
+			batches = append(batches, batch)
+		}
+		rng.Shuffle(len(batches), func(i, j int) { batches[i], batches[j] = batches[j], batches[i] })
+		want := map[uint64]string{}
+		for _, batch := range batches {
+			if rng.IntN(10) == 0 {
+				for _, tag := range batch {
+					want[tag] = "left" // never started: shutdown
+				}
+				continue
+			}
+			var acks, nacks []uint64
+			for _, tag := range batch {
+				if rng.IntN(8) == 0 {
+					nacks, want[tag] = append(nacks, tag), "requeued"
+				} else {
+					acks, want[tag] = append(acks, tag), "acked"
+				}
+			}
+			if err := a.settle(acks, nacks); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+		}
+		if err := a.flush(); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		for tag, w := range want {
+			got := "left"
+			switch {
+			case b.acked[tag]:
+				got = "acked"
+			case b.requeued[tag]:
+				got = "requeued"
+			}
+			if got != w {
+				t.Fatalf("seed %d: tag %d %s, want %s (frames %v)", seed, tag, got, w, b.frames)
+			}
+		}
+	}
+}
+
+// TestAckerMultipleAckSkipsANackedTagOnRabbitMQ checks the broker behaviour
+// the acker relies on, against the real broker: after a nack with requeue,
+// a multiple ack above it settles the others and leaves the channel open,
+// and the nacked message comes back.
+func TestAckerMultipleAckSkipsANackedTagOnRabbitMQ(t *testing.T) {
+	t.Parallel()
+	ch := testbroker.Channel(t)
+	q := testbroker.Queue(t)
+	_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	for i := 1; i <= 6; i++ {
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", q, false, false,
+			amqp.Publishing{MessageId: strconv.Itoa(i), Body: []byte{byte(i)}}))
+	}
+	cch := testbroker.Channel(t)
+	require.NoError(t, cch.Qos(10, 0, false))
+	deliveries, err := cch.Consume(q, "", false, false, false, false, nil)
+	require.NoError(t, err)
+	a := newAcker(cch, 10)
+	tags := map[string]uint64{}
+	for len(tags) < 6 {
+		d := <-deliveries
+		tags[d.MessageId] = d.DeliveryTag
+	}
+	require.NoError(t, a.settle([]uint64{tags["4"], tags["5"], tags["6"]}, nil))
+	require.NoError(t, a.settle([]uint64{tags["1"], tags["3"]}, []uint64{tags["2"]}))
+	select {
+	case d := <-deliveries:
+		require.Equal(t, "2", d.MessageId, "only the nacked message comes back")
+		require.True(t, d.Redelivered)
+		require.NoError(t, d.Ack(false))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the nacked message was not redelivered")
+	}
+	require.Eventually(t, func() bool {
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		return err == nil && info.Messages == 0
+	}, 5*time.Second, 50*time.Millisecond, "every message settled")
+	require.False(t, cch.IsClosed(), "the broker accepted every frame")
+}
