@@ -3,6 +3,7 @@ package consumer
 import (
 	"log/slog"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -154,7 +155,11 @@ type Config struct {
 	// TracerProvider provides the spans. Default: the global provider.
 	TracerProvider trace.TracerProvider
 
-	// Workers is the number of batches processed in parallel. Default: 4.
+	// Workers is the number of batches processed in parallel. Default: the
+	// number of CPUs (GOMAXPROCS), at least 2. The runtime is CPU-bound
+	// once batches are large: more workers than cores split the same flow
+	// into smaller batches that cost more per message. Raise it when
+	// handlers wait on slow round trips (a distant database).
 	Workers int
 }
 
@@ -202,7 +207,7 @@ func (c *Config) setDefaults() {
 		c.MessageID = IDFromProperty
 	}
 	if c.Workers <= 0 {
-		c.Workers = 4
+		c.Workers = max(runtime.GOMAXPROCS(0), 2)
 	}
 	if c.Prefetch <= 0 {
 		c.Prefetch = min(2*c.BatchMaxSize*c.Workers, 1000)
