@@ -24,6 +24,7 @@ type cpuSnapshot struct {
 	postgres    map[int]time.Duration // by pid
 	rabbitmq    map[int]time.Duration
 	busy, total int64 // machine jiffies from /proc/stat
+	steal       int64 // jiffies the hypervisor gave to other guests
 }
 
 // pgPIDsSQL lists the PostgreSQL processes attributed to the benchmark.
@@ -55,7 +56,11 @@ func (b *bench) takeCPU(ctx context.Context) cpuSnapshot {
 		for i, f := range strings.Fields(line)[1:] {
 			v, _ := strconv.ParseInt(f, 10, 64)
 			s.total += v
-			if i != 3 && i != 4 { // idle, iowait
+			switch i {
+			case 3, 4: // idle, iowait
+			case 7:
+				s.steal += v
+			default:
 				s.busy += v
 			}
 		}
@@ -90,6 +95,7 @@ func procCPU(pid int, comm string) (time.Duration, bool) {
 type cpuUse struct {
 	self, postgres, rabbitmq, other time.Duration
 	machine                         float64 // busy fraction of all cores
+	steal                           float64 // fraction of all cores' time taken by other guests
 }
 
 // grown sums, over the processes alive at b, the CPU they used since a (all
@@ -106,6 +112,7 @@ func cpuBetween(a, b cpuSnapshot, wall time.Duration, cpus int) cpuUse {
 	u := cpuUse{self: b.self - a.self, postgres: grown(a.postgres, b.postgres), rabbitmq: grown(a.rabbitmq, b.rabbitmq)}
 	if t := b.total - a.total; t > 0 {
 		u.machine = float64(b.busy-a.busy) / float64(t)
+		u.steal = float64(b.steal-a.steal) / float64(t)
 		busy := time.Duration(u.machine * float64(wall) * float64(cpus))
 		u.other = max(busy-u.self-u.postgres-u.rabbitmq, 0)
 	}

@@ -54,8 +54,8 @@ func (r *report) markdown() string {
 	if len(r.modes) > 0 {
 		fmt.Fprintf(&w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
 			r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
-		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | commits | msg/commit | avg commit ms | batch retries (deadlocks) |\n")
-		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | steal | commits | msg/commit | avg commit ms | batch retries (deadlocks) |\n")
+		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for i := range r.modes {
 			x := &r.modes[i]
 			commits, perCommit, commitMs, retries := "—", "—", "—", "—"
@@ -75,10 +75,10 @@ func (r *report) markdown() string {
 			}
 			u := x.cpu
 			perMsg := (u.self + u.postgres + u.rabbitmq).Seconds() * 1e6 / float64(max(x.n, 1))
-			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s |\n",
 				label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
 				u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
-				perMsg, 100*u.machine, commits, perCommit, commitMs, retries)
+				perMsg, 100*u.machine, 100*u.steal, commits, perCommit, commitMs, retries)
 		}
 		w.WriteString("\n")
 	}
@@ -162,7 +162,10 @@ CPU seconds during the consume phase come from getrusage (bench) and
 and the server's background processes (WAL writer, checkpointer…), not
 other clients'; rabbitmq is beam.smp (all of it: the broker is shared);
 "other" is the rest of the machine's busy time from /proc/stat (other
-agents' load included), and "machine busy" the busy fraction of all cores.
+agents' load included), and "machine busy" the busy fraction of all cores;
+"steal" is the share of the cores' time the hypervisor gave to other virtual
+machines (not counted as busy): runs with a high steal are depressed and
+noisy.
 "core-µs per msg" is (bench + postgres + rabbitmq) CPU per message: what a
 mode costs the machine, less sensitive to other load than msg/s. Latency: a publisher in this process sends at the
 offered rate (after 50 warm-up messages); the handler notes each message on
