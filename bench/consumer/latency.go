@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -28,6 +29,9 @@ type latencyResult struct {
 	handler  percentiles // publish → handler start
 	inside   percentiles // handler start → COMMIT returned
 	batches  int64
+	// broker is the baseline measured just before, at the same rate: a
+	// plain consumer of a quorum queue, publish → delivery, no database.
+	broker percentiles
 }
 
 type percentiles struct{ p50, p90, p99, max time.Duration }
@@ -125,6 +129,10 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 		b.logf("latency: CHECKPOINT failed (%v); measuring anyway", err)
 	}
 
+	if res.broker, err = b.brokerLatency(ctx); err != nil {
+		return res, fmt.Errorf("broker baseline: %w", err)
+	}
+
 	q := b.queue("latency")
 	c, _, err := b.newIdem(q, "bench-latency", true, false, pool)
 	if err != nil {
@@ -219,4 +227,100 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	res.commit, res.handler, res.inside = percentilesOf(commit), percentilesOf(handler), percentilesOf(inside)
 	return res, nil
+}
+
+// brokerLatency is the latency run's baseline: the same schedule of
+// persistent messages (warm-up, then o.latencyRate msg/s for
+// o.latencySeconds, publisher confirms) to a fresh quorum queue, consumed by
+// a plain consumer that acks each delivery; per message, publish →
+// delivery. What the broker and the machine cost before idem does anything.
+func (b *bench) brokerLatency(ctx context.Context) (percentiles, error) {
+	q := b.queue("latency-broker")
+	if err := b.declareQuorum(q); err != nil {
+		return percentiles{}, err
+	}
+	conn, deliveries, err := b.consume(q, "bench-latency-broker")
+	if err != nil {
+		return percentiles{}, err
+	}
+	defer conn.Close()
+	ch, err := b.pub.Channel()
+	if err != nil {
+		return percentiles{}, err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return percentiles{}, err
+	}
+	total := b.o.latencyRate * b.o.latencySeconds
+	base := time.Now()
+	sent := make([]time.Duration, total)     // written by the publisher
+	received := make([]time.Duration, total) // written by the consumer until done
+	done := make(chan error, 1)
+	go func() { // owned: ends after warmup+total deliveries, or when conn closes
+		for n := 0; n < warmup+total; n++ {
+			d, ok := <-deliveries
+			if !ok {
+				done <- errors.New("delivery channel closed")
+				return
+			}
+			if seq := seqOf(d.Body); seq >= 0 && seq < int64(total) {
+				received[seq] = time.Since(base)
+			}
+			if err := d.Ack(false); err != nil {
+				done <- fmt.Errorf("ack: %w", err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	var pending []*amqp.DeferredConfirmation
+	send := func(seq int64) error {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
+			MessageId: fmt.Sprintf("%s-latency-broker-%d", b.runID, seq), DeliveryMode: amqp.Persistent,
+			Body: encode(1, seq, time.Now())})
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		pending = append(pending, dc)
+		return nil
+	}
+	for range warmup {
+		if err := send(-1); err != nil {
+			return percentiles{}, err
+		}
+	}
+	interval := time.Second / time.Duration(b.o.latencyRate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return percentiles{}, ctx.Err()
+			}
+		}
+		sent[i] = time.Since(base)
+		if err := send(int64(i)); err != nil {
+			return percentiles{}, err
+		}
+	}
+	for _, dc := range pending {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return percentiles{}, fmt.Errorf("publish: confirmed=%v: %v", ok, err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return percentiles{}, err
+		}
+	case <-time.After(time.Minute):
+		return percentiles{}, errors.New("deliveries did not arrive within a minute")
+	}
+	got := make([]time.Duration, total)
+	for i := range total {
+		got[i] = received[i] - sent[i]
+	}
+	return percentilesOf(got), nil
 }
