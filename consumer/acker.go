@@ -14,42 +14,58 @@ type ackChannel interface {
 // acker settles one channel's deliveries with as few frames as it can. A
 // basic.ack with multiple=true settles every outstanding delivery up to its
 // tag; batches finish out of delivery order (several workers, ordering
-// keys), so the acker remembers which tags are ready and sends one
-// multiple ack for the longest run of settled tags starting at the lowest
-// unsettled one. It never covers a tag that is not to be acked: a delivery
-// still in a batch, one handed back (nacked at once, before any multiple ack
-// that could cover it) or one left for redelivery (shutdown, unroutable dead
-// letters) blocks the run; acks waiting above it go out one by one when
-// there are too many of them (a slow batch must not hold the prefetch window)
-// and at flush.
+// keys), so the acker knows which deliveries are still unsettled and sends
+// one multiple ack for every waiting ack below the lowest of them. It never
+// covers a delivery that is not to be acked: one still in a batch, one
+// handed back (nacked at once, before any multiple ack that could span it)
+// or one left for redelivery (never started at shutdown, unroutable dead
+// letter) stays unsettled and bounds the multiple ack. Acks waiting above an
+// unsettled delivery go out one by one when more than half the prefetch
+// window waits (a slow batch must not hold the window), and at flush.
 //
-// One multiple ack per run instead of one frame per message cuts the
+// Both sets it keeps are bounded by the prefetch window: the broker stops
+// delivering when prefetch deliveries are unacked, and every tag in them is
+// unacked. The channel must carry this one consumer only (no basic.get, no
+// second consume, no client-side recovery), so that its tags are the
+// deliveries passed to deliver.
+//
+// One multiple ack per batch instead of one frame per message cuts the
 // broker's CPU per message on quorum queues by about a third (BENCHMARKS.md)
 // and saves a write per message.
 type acker struct {
 	ch ackChannel
 
 	mu sync.Mutex
-	// low is the lowest tag not yet settled with the broker: every tag
-	// below it is acked or nacked.
-	low uint64
-	// ready holds settled tags above low: true is waiting for an ack, false
-	// was already settled one by one (a nack or an individual ack).
-	ready map[uint64]bool
-	// waiting counts the true entries of ready.
-	waiting int
+	// unsettled holds the delivered tags that were neither acked nor
+	// nacked yet; low is at most the lowest of them (next when empty).
+	unsettled map[uint64]struct{}
+	low, next uint64
+	// waiting holds the tags whose ack was not sent yet.
+	waiting map[uint64]struct{}
 	// maxWaiting is how many acks may wait above an unsettled tag.
 	maxWaiting int
+	// closing sends every ack at once, one by one: the session is ending
+	// and the deliveries blocking a multiple ack will never be settled.
+	closing bool
 }
 
 func newAcker(ch ackChannel, prefetch int) *acker {
-	return &acker{ch: ch, low: 1, ready: map[uint64]bool{}, maxWaiting: max(prefetch/2, 1)}
+	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, waiting: map[uint64]struct{}{},
+		low: 1, next: 1, maxWaiting: max(prefetch/2, 1)}
+}
+
+// deliver registers a delivery, in the order the channel delivered them.
+func (a *acker) deliver(tag uint64) {
+	a.mu.Lock()
+	a.unsettled[tag] = struct{}{}
+	a.next = tag + 1
+	a.mu.Unlock()
 }
 
 // settle acks the tags in acks and hands back (nack, requeue) the tags in
 // nacks. Nacks are sent first, so no multiple ack sent now or later covers
 // a message that is to be redelivered. An error means the channel failed:
-// the caller kills the session, and whatever was not sent is redelivered.
+// the caller ends the session; acks not sent stay counted in unsent.
 func (a *acker) settle(acks, nacks []uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -57,55 +73,68 @@ func (a *acker) settle(acks, nacks []uint64) error {
 		if err := a.ch.Nack(tag, false, true); err != nil {
 			return fmt.Errorf("nack %d: %w", tag, err)
 		}
-		a.ready[tag] = false
+		delete(a.unsettled, tag)
 	}
 	for _, tag := range acks {
-		a.ready[tag] = true
-		a.waiting++
+		delete(a.unsettled, tag)
+		a.waiting[tag] = struct{}{}
 	}
-	var top uint64 // the highest tag of the run that still needs its ack
-	for {
-		pending, ok := a.ready[a.low]
-		if !ok {
+	if a.closing {
+		return a.ackEach()
+	}
+	for a.low < a.next {
+		if _, ok := a.unsettled[a.low]; ok {
 			break
 		}
-		if pending {
-			top = a.low
-			a.waiting--
-		}
-		delete(a.ready, a.low)
 		a.low++
+	}
+	var top uint64 // the highest waiting tag below every unsettled one
+	for tag := range a.waiting {
+		if tag < a.low && tag > top {
+			top = tag
+		}
 	}
 	if top > 0 {
 		if err := a.ch.Ack(top, true); err != nil {
 			return fmt.Errorf("ack up to %d: %w", top, err)
 		}
+		for tag := range a.waiting {
+			if tag <= top {
+				delete(a.waiting, tag)
+			}
+		}
 	}
-	if a.waiting > a.maxWaiting {
-		return a.ackWaiting()
+	if len(a.waiting) > a.maxWaiting {
+		return a.ackEach()
 	}
 	return nil
 }
 
-// flush acks every tag that still waits above an unsettled one, one frame
-// each. Call it before cancelling the consumer or ending the session on
-// purpose, when the tags blocking them will not be settled here.
+// flush acks every waiting tag one by one, and from then on acks as soon as
+// settle is called. Call it when the session ends on purpose (shutdown, an
+// unroutable dead-letter queue), before cancelling the consumer: the
+// deliveries blocking a multiple ack will not be settled on this channel.
 func (a *acker) flush() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.ackWaiting()
+	a.closing = true
+	return a.ackEach()
 }
 
-func (a *acker) ackWaiting() error {
-	for tag, pending := range a.ready {
-		if !pending {
-			continue
-		}
+// unsent is how many acks are still waiting: lost if the session ends now.
+func (a *acker) unsent() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.waiting)
+}
+
+// ackEach acks every waiting tag with a frame of its own.
+func (a *acker) ackEach() error {
+	for tag := range a.waiting {
 		if err := a.ch.Ack(tag, false); err != nil {
 			return fmt.Errorf("ack %d: %w", tag, err)
 		}
-		a.ready[tag] = false
-		a.waiting--
+		delete(a.waiting, tag)
 	}
 	return nil
 }

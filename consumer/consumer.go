@@ -257,6 +257,7 @@ loop:
 				reason = errors.New("delivery channel closed")
 				break loop
 			}
+			s.acks.deliver(d.DeliveryTag) // before any later delivery can be settled
 			dv := c.fromDelivery(d, s)
 			in := inputs[0]
 			if len(inputs) > 1 {
@@ -276,18 +277,25 @@ loop:
 	}
 	close(stop)
 	wg.Wait()
+	// The batches are over. Acks still waiting behind deliveries that will
+	// never be settled on this channel (never started, left unacked) go out
+	// one by one while the channel works; what cannot be sent is counted.
+	if !s.ch.IsClosed() {
+		if err := s.acks.flush(); err != nil {
+			c.cfg.Logger.Warn("acking at the end of the session failed; the broker redelivers what was not acked",
+				"consumer", c.cfg.Name, "error", err)
+		}
+	}
+	if n := s.acks.unsent(); n > 0 {
+		c.dropAcks(ctx, n)
+	}
 	if s.alive() {
 		// Shutdown: the in-flight batches are acked; now cancel the
 		// consumer, synchronously. The order matters on RabbitMQ 3.10 quorum
 		// queues: acks that arrive after basic.cancel are ignored, and acks
 		// still pending in the channel when the connection closes are lost,
 		// while a cancel-ok confirms the acks before it. What is still
-		// buffered stays unacked and returns to the queue on close. Acks
-		// waiting behind deliveries that were never started go out first.
-		if err := s.acks.flush(); err != nil {
-			c.cfg.Logger.Warn("acking at shutdown failed; the broker redelivers what was not acked",
-				"consumer", c.cfg.Name, "error", err)
-		}
+		// buffered stays unacked and returns to the queue on close.
 		_ = s.ch.Cancel(tag, false)
 	}
 	return reason
@@ -471,13 +479,15 @@ func (c *Consumer) settle(ctx context.Context, s *session, batch []*delivery, re
 	}
 	err := s.acks.settle(acks, nacks)
 	if err == nil && unroutable {
-		err = s.acks.flush() // the session ends: nothing may wait for the tags left unacked
+		// The session ends: no ack may wait for the tags left unacked,
+		// this batch's or, from now on, another worker's.
+		err = s.acks.flush()
 	}
 	if err != nil {
+		// serve counts the acks that were not sent when the session ends.
 		c.cfg.Logger.Warn("acking failed; the broker redelivers what was not acked",
 			"consumer", c.cfg.Name, "error", err)
 		s.kill()
-		c.dropAcks(ctx, len(batch))
 	}
 }
 
