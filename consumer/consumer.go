@@ -45,6 +45,9 @@ type Consumer struct {
 	// careful counts down the batches that run with savepoints after a
 	// handler failed in an optimistic batch.
 	careful atomic.Int64
+	// classicClaims counts down the batches that claim with ClaimBatch
+	// after a batch claimed with ClaimNewBatch met a duplicate.
+	classicClaims atomic.Int64
 
 	// parallel admits batches: shared normally, exclusive while batches
 	// contend (see admit); serialUntil is when that ends (Unix ns).

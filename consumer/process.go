@@ -165,6 +165,11 @@ type batchOptions struct {
 	// batch runs optimistically, and the first handler error sends the
 	// whole batch back to run again with savepoints (errNeedSavepoints).
 	savepoints bool
+	// newClaims claims with inbox.ClaimNewBatch (a plain INSERT), which
+	// fails the batch with errAlreadyClaimed if a message is claimed
+	// already; then it runs again with ClaimBatch. Never with savepoints,
+	// read-only or rerun batches.
+	newClaims bool
 	// asyncCommit sets synchronous_commit off for the batch (BatchOptions.AsyncCommit).
 	asyncCommit bool
 	// messageContext decorates each message's handler context.
@@ -212,13 +217,14 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 	results := make([]result, len(msgs))
 	ctxs := make([]context.Context, len(msgs))
 	spans := make([]trace.Span, len(msgs))
+	handlerCtx := ctx // what every handler's context derives from
+	if deferred != nil {
+		handlerCtx = idem.WithDeferred(ctx, deferred)
+	}
 	for i, m := range msgs {
-		ctxs[i], spans[i] = c.tel.startSpan(ctx, m, len(msgs))
+		ctxs[i], spans[i] = c.tel.startSpan(handlerCtx, m, len(msgs))
 		if opts.messageContext != nil {
 			ctxs[i] = opts.messageContext(ctxs[i], m)
-		}
-		if deferred != nil {
-			ctxs[i] = idem.WithDeferred(ctxs[i], deferred)
 		}
 	}
 	defer func() {
@@ -266,13 +272,15 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 		}
 		cl := inbox.Claim{Consumer: scope, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
 		if m.HasOffset {
-			off := m.Offset
-			cl.StreamOffset = &off
+			cl.StreamOffset = &m.Offset
 		}
 		claims = append(claims, cl)
 		index = append(index, i)
 	}
-	decisions, err := c.decide(ctx, tx, claims, opts.readOnly)
+	decisions, err := c.decide(ctx, tx, claims, opts)
+	if errors.Is(err, inbox.ErrClaimed) {
+		return nil, errAlreadyClaimed
+	}
 	if err != nil {
 		return nil, &batchError{err: err, contention: isContention(err)}
 	}
@@ -373,7 +381,7 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 			batch[k] = msgs[i]
 		}
 		start := time.Now()
-		herr := c.callBatchHandler(idem.WithDeferred(ctx, deferred), htx, batch)
+		herr := c.callBatchHandler(handlerCtx, htx, batch)
 		c.tel.handlerTime(ctx, time.Since(start))
 		if herr == nil && tx.Conn().PgConn().TxStatus() == 'E' {
 			herr = errAbortedByHandler
@@ -430,11 +438,15 @@ func (c *Consumer) processBatch(ctx context.Context, msgs []*Message, opts batch
 }
 
 // decide claims the messages in the inbox, or, read-only, looks them up.
-func (c *Consumer) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, readOnly bool) ([]inbox.Result, error) {
+func (c *Consumer) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, opts batchOptions) ([]inbox.Result, error) {
 	if len(claims) == 0 {
 		return nil, nil
 	}
-	if !readOnly {
+	switch {
+	case opts.readOnly:
+	case opts.newClaims && !opts.savepoints && !opts.rerun:
+		return c.inbox.ClaimNewBatch(ctx, tx, claims)
+	default:
 		return c.inbox.ClaimBatch(ctx, tx, claims)
 	}
 	out := make([]inbox.Result, len(claims))
@@ -456,6 +468,41 @@ func (c *Consumer) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, 
 
 // errNeedSavepoints abandons an optimistic batch whose handler failed.
 var errNeedSavepoints = errors.New("consumer: a handler failed; run the batch with savepoints")
+
+// errAlreadyClaimed abandons a batch claimed with ClaimNewBatch that holds a
+// message the inbox has already.
+var errAlreadyClaimed = errors.New("consumer: a message of the batch is in the inbox; claim it with ClaimBatch")
+
+// classicClaimBatches is how many batches claim with ClaimBatch after one
+// met a message the inbox had already: duplicates tend to come in runs.
+const classicClaimBatches = 16
+
+// processFallback runs msgs once the cheapest way that works: claims with a
+// plain INSERT unless a batch recently met a duplicate, handlers without
+// savepoints unless one recently failed. A batch that meets a duplicate runs
+// again with ClaimBatch; one whose handler fails runs again with a savepoint
+// per message.
+func (c *Consumer) processFallback(ctx context.Context, msgs []*Message, opts batchOptions) ([]result, error) {
+	if !opts.savepoints && !opts.readOnly && !opts.rerun {
+		if c.classicClaims.Load() > 0 {
+			c.classicClaims.Add(-1)
+		} else {
+			opts.newClaims = true
+		}
+	}
+	res, err := c.processBatch(ctx, msgs, opts)
+	if errors.Is(err, errAlreadyClaimed) {
+		c.classicClaims.Store(classicClaimBatches)
+		opts.newClaims = false
+		res, err = c.processBatch(ctx, msgs, opts)
+	}
+	if errors.Is(err, errNeedSavepoints) {
+		c.careful.Store(carefulBatches)
+		opts.savepoints, opts.newClaims = true, false
+		res, err = c.processBatch(ctx, msgs, opts)
+	}
+	return res, err
+}
 
 // errAbortedByHandler is the error of a handler that returned nil although
 // one of its statements failed and aborted the transaction.
@@ -516,12 +563,7 @@ func (c *Consumer) runBatch(ctx context.Context, msgs []*Message, opts batchOpti
 			c.careful.Add(-1)
 		}
 		unlock := c.admit(attempt > 1)
-		res, err := c.processBatch(ctx, msgs, opts)
-		if errors.Is(err, errNeedSavepoints) {
-			c.careful.Store(carefulBatches)
-			opts.savepoints = true
-			res, err = c.processBatch(ctx, msgs, opts)
-		}
+		res, err := c.processFallback(ctx, msgs, opts)
 		unlock()
 		if err == nil {
 			return res

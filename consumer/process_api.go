@@ -133,11 +133,7 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 			return opts.BeforeCommit(ctx, tx, outcomes(msgs, results))
 		}
 	}
-	results, err := c.processBatch(ctx, prepared, bo)
-	if errors.Is(err, errNeedSavepoints) {
-		bo.savepoints = true
-		results, err = c.processBatch(ctx, prepared, bo)
-	}
+	results, err := c.processFallback(ctx, prepared, bo)
 	if err != nil {
 		return nil, err
 	}

@@ -84,3 +84,34 @@ func TestRerunRunsEachMessageOncePerBatch(t *testing.T) {
 	require.Equal(t, []string{"processed", "duplicate"}, []string{out[0].Result, out[1].Result})
 	require.EqualValues(t, 2, runs.Load())
 }
+
+// Batches claim with a plain INSERT until one meets a message the inbox
+// holds; that batch runs again with ClaimBatch, and its duplicates and
+// conflicts are decided as always, each message's effect applied once.
+func TestBatchThatMeetsAClaimedMessageFallsBackToClaimBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{Name: "fallback", Pool: e.pool, Tables: e.tables, Logger: testLogger()})
+	require.NoError(t, err)
+	c.Handle(e.effectHandler())
+	ctx := context.Background()
+	out, err := c.Process(ctx, []Incoming{{MessageID: "a", Body: []byte(`1`)}})
+	require.NoError(t, err)
+	require.Equal(t, "processed", out[0].Result)
+	require.Zero(t, c.classicClaims.Load(), "a batch of new messages keeps the plain INSERT")
+
+	out, err = c.Process(ctx, []Incoming{
+		{MessageID: "b", Body: []byte(`2`)},
+		{MessageID: "a", Body: []byte(`1`)}, // processed before: duplicate
+		{MessageID: "a", Body: []byte(`9`)}, // its id with another payload: conflict
+		{MessageID: "c", Body: []byte(`3`)},
+	})
+	require.NoError(t, err)
+	var results []string
+	for _, o := range out {
+		results = append(results, o.Result+"/"+o.Inbox)
+	}
+	require.Equal(t, []string{"processed/new", "duplicate/duplicate", "dead_lettered/conflict", "processed/new"}, results)
+	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, e.effects())
+	require.EqualValues(t, classicClaimBatches, c.classicClaims.Load(), "the next batches claim with ClaimBatch")
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 )
@@ -42,6 +43,14 @@ FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::big
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING consumer, message_id`
 
+// claimNewBatchSQL inserts claims expected to be new, without ON CONFLICT:
+// the primary key rejects one that is claimed already (23505). PostgreSQL
+// does about a third less work per row than for INSERT … ON CONFLICT, which
+// inserts speculatively and confirms each row.
+const claimNewBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
+SELECT c, m, h, NULLIF(k, ''), s, o
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[]) AS u(c, m, h, k, s, o)`
+
 const storedHashesSQL = `SELECT t.consumer, t.message_id, t.payload_hash
 FROM %[1]s AS t
 JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message_id = u.m`
@@ -53,8 +62,8 @@ WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
 
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
-	claim, storedHash, claimBatch, storedHashes, unclaim string
-	lookup, stats, cutoff, cleanup, cleanupConsumer      string
+	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
+	lookup, stats, cutoff, cleanup, cleanupConsumer                     string
 }
 
 func newStatements(table string) statements {
@@ -63,6 +72,7 @@ func newStatements(table string) statements {
 		claim:           f(claimSQL),
 		storedHash:      f(storedHashSQL),
 		claimBatch:      f(claimBatchSQL),
+		claimNewBatch:   f(claimNewBatchSQL),
 		storedHashes:    f(storedHashesSQL),
 		unclaim:         f(unclaimSQL),
 		lookup:          f(lookupSQL),
@@ -126,24 +136,11 @@ type claimKey struct{ consumer, messageID string }
 // Rows are inserted in (consumer, message id) order, so two batches that
 // overlap wait for each other instead of deadlocking.
 func (ib *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Result, error) {
-	for i := range claims {
-		if err := ib.validate(i, &claims[i]); err != nil {
-			return nil, err
-		}
+	first, pending, err := ib.prepareBatch(claims)
+	if err != nil {
+		return nil, err
 	}
 	results := make([]Result, len(claims))
-	first := make(map[claimKey]int, len(claims))
-	var pending []int // indexes of first occurrences
-	for i, c := range claims {
-		k := claimKey{c.Consumer, c.MessageID}
-		if _, ok := first[k]; !ok {
-			first[k] = i
-			pending = append(pending, i)
-		}
-	}
-	slices.SortFunc(pending, func(a, b int) int {
-		return cmp.Or(cmp.Compare(claims[a].Consumer, claims[b].Consumer), cmp.Compare(claims[a].MessageID, claims[b].MessageID))
-	})
 	for attempt := 1; len(pending) > 0; attempt++ {
 		if attempt > maxClaimAttempts {
 			return nil, fmt.Errorf("inbox: claim batch: %d rows were deleted concurrently %d times in a row", len(pending), maxClaimAttempts)
@@ -177,28 +174,88 @@ func (ib *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]R
 			results[i] = decide(claims[i].PayloadHash, h)
 		}
 	}
+	decideRepeats(claims, first, results)
+	return results, nil
+}
+
+// ErrClaimed is returned (wrapped) by ClaimNewBatch when a message of the
+// batch is claimed already. The transaction is aborted: roll it back and
+// claim the batch with ClaimBatch in a new one.
+var ErrClaimed = errors.New("inbox: a message of the batch is claimed already")
+
+// ClaimNewBatch is ClaimBatch for batches whose messages are expected to be
+// new: a stream read in order, a rebuild's private scope, a queue that
+// redelivers little. It inserts them with a plain INSERT, which costs
+// PostgreSQL about a third less per row than ClaimBatch's INSERT … ON
+// CONFLICT, and reads nothing back. Every first occurrence of an id is
+// NewMessage; a repeated id in the batch is decided against its first
+// occurrence, as ClaimBatch does.
+//
+// If any message of the batch is claimed already, by an earlier transaction
+// or by a concurrent one that commits (the INSERT waits for it), it returns
+// an error wrapping ErrClaimed, and the transaction is aborted: roll back and
+// claim the batch with ClaimBatch. Invalid claims return a *ValidationError
+// before anything is sent, as with ClaimBatch.
+func (ib *Inbox) ClaimNewBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]Result, error) {
+	first, pending, err := ib.prepareBatch(claims)
+	if err != nil {
+		return nil, err
+	}
+	if len(pending) > 0 {
+		args := batchArgs(claims, pending)
+		if _, err := tx.Exec(ctx, ib.sql.claimNewBatch, args...); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				return nil, fmt.Errorf("inbox: claim new batch of %d: %w (%s)", len(pending), ErrClaimed, pgErr.Detail)
+			}
+			return nil, fmt.Errorf("inbox: claim new batch of %d: %w", len(pending), err)
+		}
+	}
+	results := make([]Result, len(claims))
+	for _, i := range pending {
+		results[i] = Result{Decision: NewMessage, StoredHash: claims[i].PayloadHash}
+	}
+	decideRepeats(claims, first, results)
+	return results, nil
+}
+
+// prepareBatch validates claims and returns the index of each id's first
+// occurrence and those indexes in (consumer, message id) order: two
+// batches that overlap then insert in the same order and wait for each
+// other instead of deadlocking.
+func (ib *Inbox) prepareBatch(claims []Claim) (first map[claimKey]int, pending []int, err error) {
+	for i := range claims {
+		if err := ib.validate(i, &claims[i]); err != nil {
+			return nil, nil, err
+		}
+	}
+	first = make(map[claimKey]int, len(claims))
+	for i, c := range claims {
+		k := claimKey{c.Consumer, c.MessageID}
+		if _, ok := first[k]; !ok {
+			first[k] = i
+			pending = append(pending, i)
+		}
+	}
+	slices.SortFunc(pending, func(a, b int) int {
+		return cmp.Or(cmp.Compare(claims[a].Consumer, claims[b].Consumer), cmp.Compare(claims[a].MessageID, claims[b].MessageID))
+	})
+	return first, pending, nil
+}
+
+// decideRepeats decides every repeated id of the batch against the result
+// of its first occurrence.
+func decideRepeats(claims []Claim, first map[claimKey]int, results []Result) {
 	for i, c := range claims {
 		if f := first[claimKey{c.Consumer, c.MessageID}]; f != i {
 			results[i] = decide(c.PayloadHash, results[f].StoredHash)
 		}
 	}
-	return results, nil
 }
 
 // insertBatch inserts claims[idx] and returns the keys it inserted.
 func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]bool, error) {
-	consumers := make([]string, len(idx))
-	ids := make([]string, len(idx))
-	hashes := make([][]byte, len(idx))
-	keys := make([]string, len(idx))
-	sources := make([]string, len(idx))
-	offsets := make([]*int64, len(idx))
-	for j, i := range idx {
-		c := &claims[i]
-		consumers[j], ids[j], hashes[j] = c.Consumer, c.MessageID, c.PayloadHash[:]
-		keys[j], sources[j], offsets[j] = c.BusinessKey, c.Source, c.StreamOffset
-	}
-	rows, err := tx.Query(ctx, ib.sql.claimBatch, consumers, ids, hashes, keys, sources, offsets)
+	rows, err := tx.Query(ctx, ib.sql.claimBatch, batchArgs(claims, idx)...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
@@ -212,6 +269,22 @@ func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
 	return inserted, nil
+}
+
+// batchArgs are the six column arrays of claims[idx] for the batch inserts.
+func batchArgs(claims []Claim, idx []int) []any {
+	consumers := make([]string, len(idx))
+	ids := make([]string, len(idx))
+	hashes := make([][]byte, len(idx))
+	keys := make([]string, len(idx))
+	sources := make([]string, len(idx))
+	offsets := make([]*int64, len(idx))
+	for j, i := range idx {
+		c := &claims[i]
+		consumers[j], ids[j], hashes[j] = c.Consumer, c.MessageID, c.PayloadHash[:]
+		keys[j], sources[j], offsets[j] = c.BusinessKey, c.Source, c.StreamOffset
+	}
+	return []any{consumers, ids, hashes, keys, sources, offsets}
 }
 
 // storedHashes reads the stored hashes of claims[idx].
