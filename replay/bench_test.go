@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,24 +58,31 @@ func BenchmarkReplay(b *testing.B) {
 	c := e.consumer(nil, nil)
 	c.Handle(consumer.JSON(projection))
 
-	rate := func(b *testing.B, took time.Duration) {
-		b.ReportMetric(float64(benchMessages)*float64(b.N)/took.Seconds(), "msg/s")
+	// measure runs one replay b.N times and reports messages per second and
+	// the share of the cores' time the hypervisor gave to other virtual
+	// machines meanwhile ("steal%": a run with a high steal is depressed
+	// and noisy).
+	measure := func(b *testing.B, replay func()) {
+		cpu := readCPUTimes()
+		start := time.Now()
+		for range b.N {
+			replay()
+		}
+		b.ReportMetric(float64(benchMessages)*float64(b.N)/time.Since(start).Seconds(), "msg/s")
+		b.ReportMetric(readCPUTimes().stealSince(cpu), "steal%")
 	}
 	// rebuild measures full rebuild replays of the stream through c.
 	rebuild := func(c *consumer.Consumer, reset func(context.Context, pgx.Tx) error) func(*testing.B) {
 		return func(b *testing.B) {
-			start := time.Now()
-			for range b.N {
+			measure(b, func() {
 				sum, err := Run(ctx, c, Options{Mode: idem.Rebuild, Reset: reset})
 				require.NoError(b, err)
 				require.EqualValues(b, benchMessages, sum.Processed)
-			}
-			rate(b, time.Since(start))
+			})
 		}
 	}
 	b.Run("read_noop", func(b *testing.B) {
-		start := time.Now()
-		for range b.N {
+		measure(b, func() {
 			n := 0
 			err := e.se.Read(ctx, streamio.ReadSpec{Stream: e.stream}, func(_ context.Context, recs []streamio.Record) error {
 				n += len(recs)
@@ -80,8 +90,7 @@ func BenchmarkReplay(b *testing.B) {
 			})
 			require.NoError(b, err)
 			require.Equal(b, benchMessages, n)
-		}
-		rate(b, time.Since(start))
+		})
 	})
 	b.Run("rebuild_upsert", rebuild(c, e.reset))
 	deferred := e.consumer(nil, nil)
@@ -120,12 +129,39 @@ func BenchmarkReplay(b *testing.B) {
 	noop.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	b.Run("rebuild_noop", rebuild(noop, nil))
 	b.Run("forensic", func(b *testing.B) {
-		start := time.Now()
-		for range b.N {
+		measure(b, func() {
 			sum, err := Run(ctx, c, Options{Mode: idem.Forensic})
 			require.NoError(b, err)
 			require.EqualValues(b, benchMessages, sum.Messages)
-		}
-		rate(b, time.Since(start))
+		})
 	})
+}
+
+// cpuTimes are the machine's CPU time counters from /proc/stat (zero where
+// the file cannot be read).
+type cpuTimes struct{ total, steal int64 }
+
+func readCPUTimes() cpuTimes {
+	var t cpuTimes
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return t
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		t.total += v
+		if i == 7 {
+			t.steal = v
+		}
+	}
+	return t
+}
+
+// stealSince is the percentage of the cores' time stolen since t0.
+func (t cpuTimes) stealSince(t0 cpuTimes) float64 {
+	if t.total <= t0.total {
+		return 0
+	}
+	return 100 * float64(t.steal-t0.steal) / float64(t.total-t0.total)
 }
