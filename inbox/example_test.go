@@ -115,3 +115,44 @@ func ExampleInbox_ClaimBatch() {
 		log.Fatal(err)
 	}
 }
+
+// Batches that are expected to be new take the cheap plain INSERT; a batch
+// that meets a message claimed already is run again with ClaimBatch in a new
+// transaction, which decides its duplicates and conflicts.
+func ExampleInbox_ClaimNewBatch() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	ib, err := inbox.New(inbox.Config{Tables: idem.Tables{Schema: "shop"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	batch := []inbox.Claim{
+		{Consumer: "projection", MessageID: "evt-41", PayloadHash: idem.HashBytes([]byte(`{"n":41}`))},
+		{Consumer: "projection", MessageID: "evt-42", PayloadHash: idem.HashBytes([]byte(`{"n":42}`))},
+	}
+	process := func(claim func(context.Context, pgx.Tx, []inbox.Claim) ([]inbox.Result, error)) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			results, err := claim(ctx, tx, batch)
+			if err != nil {
+				return err
+			}
+			for i, res := range results {
+				if res.Decision == inbox.NewMessage {
+					fmt.Println("apply", batch[i].MessageID) // the handler's writes, in tx
+				}
+			}
+			return nil
+		})
+	}
+	err = process(ib.ClaimNewBatch)
+	if errors.Is(err, inbox.ErrClaimed) {
+		err = process(ib.ClaimBatch) // the first transaction rolled back
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+}
