@@ -49,6 +49,8 @@ type Config struct {
 
 	// BusinessKey, when set, derives Message.BusinessKey (stored in the inbox).
 	// An error dead-letters the message with reason "invalid_business_key".
+	// Like Hash and MessageID, it may be called from several goroutines at
+	// once (large stream and replay batches are prepared in parallel).
 	BusinessKey func(m *Message) (string, error)
 
 	// CommitTimeout bounds commit and ack, which run on a context detached

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
+	"runtime"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,10 +124,7 @@ func (c *Consumer) ProcessWith(ctx context.Context, msgs []Incoming, opts BatchO
 	if c.handler == nil {
 		return nil, configError("no handler: call Handle before Process")
 	}
-	prepared := make([]*Message, len(msgs))
-	for i, in := range msgs {
-		prepared[i] = c.fromIncoming(in)
-	}
+	prepared := c.prepareAll(msgs)
 	bo := batchOptions{scope: opts.Scope, readOnly: opts.ReadOnly, only: opts.Only, rerun: opts.Rerun,
 		messageContext: opts.MessageContext, asyncCommit: opts.AsyncCommit, stopAtRetry: opts.StopAtRetry}
 	if opts.BeforeCommit != nil {
@@ -160,6 +159,37 @@ func outcomes(msgs []*Message, results []result) []Outcome {
 		}
 		out[i] = o
 	}
+	return out
+}
+
+// prepareChunk is the smallest share of a batch prepared on a goroutine of
+// its own.
+const prepareChunk = 256
+
+// prepareAll turns ins into prepared Messages. A large batch (a stream's,
+// a replay's) is split over the CPUs: deriving hashes, ids and business
+// keys (often a JSON decode) is the largest part of the runtime's own CPU
+// per message there, and the database is idle meanwhile.
+func (c *Consumer) prepareAll(ins []Incoming) []*Message {
+	out := make([]*Message, len(ins))
+	parts := min(runtime.GOMAXPROCS(0), len(ins)/prepareChunk)
+	if parts <= 1 {
+		for i := range ins {
+			out[i] = c.fromIncoming(ins[i])
+		}
+		return out
+	}
+	size := (len(ins) + parts - 1) / parts
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(ins); lo += size {
+		hi := min(lo+size, len(ins))
+		wg.Go(func() {
+			for i := lo; i < hi; i++ {
+				out[i] = c.fromIncoming(ins[i])
+			}
+		})
+	}
+	wg.Wait()
 	return out
 }
 

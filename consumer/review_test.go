@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -114,4 +116,38 @@ func TestBatchThatMeetsAClaimedMessageFallsBackToClaimBatch(t *testing.T) {
 	require.Equal(t, []string{"processed/new", "duplicate/duplicate", "dead_lettered/conflict", "processed/new"}, results)
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, e.effects())
 	require.EqualValues(t, classicClaimBatches, c.classicClaims.Load(), "the next batches claim with ClaimBatch")
+}
+
+// A large batch is prepared on several goroutines; every message keeps its
+// place, its id, hash and business key, and the invalid ones are still
+// dead-lettered with their reason.
+func TestLargeBatchIsPreparedInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{Name: "large", Pool: e.pool, Tables: e.tables, Logger: testLogger(),
+		BusinessKey: func(m *Message) (string, error) { return "key-" + string(m.Body), nil }})
+	require.NoError(t, err)
+	c.Handle(e.effectHandler())
+	var ins []Incoming
+	for i := range 3 * prepareChunk {
+		id := fmt.Sprintf("m-%d", i)
+		if i%100 == 7 {
+			id = "" // missing id: dead-lettered
+		}
+		ins = append(ins, Incoming{MessageID: id, Body: []byte(strconv.Itoa(i))})
+	}
+	out, err := c.Process(context.Background(), ins)
+	require.NoError(t, err)
+	require.Len(t, out, len(ins))
+	for i, o := range out {
+		if i%100 == 7 {
+			require.Equal(t, "dead_lettered", o.Result, "message %d", i)
+			require.Equal(t, ReasonMissingMessageID, o.Reason)
+			continue
+		}
+		require.Equal(t, "processed", o.Result, "message %d", i)
+		require.Equal(t, fmt.Sprintf("m-%d", i), o.MessageID)
+		require.Equal(t, "key-"+strconv.Itoa(i), o.BusinessKey)
+		require.Equal(t, idem.HashBytes([]byte(strconv.Itoa(i))), o.Hash)
+	}
 }

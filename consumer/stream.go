@@ -105,14 +105,15 @@ func (c *Consumer) followStream(ctx, work context.Context, env *streamio.Env, lo
 // batch that has not committed yet. ctx ends when the lock is lost or on
 // shutdown; work outlives shutdown for the batch in progress.
 func (c *Consumer) streamBatch(ctx, work context.Context, recs []streamio.Record) error {
-	pending := make([]*Message, len(recs))
+	ins := make([]Incoming, len(recs))
 	for i, r := range recs {
-		pending[i] = c.fromIncoming(Incoming{
+		ins[i] = Incoming{
 			MessageID: r.MessageID, Body: r.Body, Headers: r.ApplicationProperties,
 			ContentType: r.Properties.ContentType, CorrelationID: r.Properties.CorrelationID,
 			Source: c.cfg.Stream, Offset: r.Offset, HasOffset: true, Timestamp: r.Timestamp,
-		})
+		}
 	}
+	pending := c.prepareAll(ins)
 	last := recs[len(recs)-1].Offset
 	settled := make(map[int64]bool, len(recs)) // committed with a final outcome
 	final := func(r result) bool {
