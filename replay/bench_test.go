@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
@@ -63,13 +61,13 @@ func BenchmarkReplay(b *testing.B) {
 	// machines meanwhile ("steal%": a run with a high steal is depressed
 	// and noisy).
 	measure := func(b *testing.B, replay func()) {
-		cpu := readCPUTimes()
+		cpu := cpustat.Read()
 		start := time.Now()
 		for range b.N {
 			replay()
 		}
 		b.ReportMetric(float64(benchMessages)*float64(b.N)/time.Since(start).Seconds(), "msg/s")
-		b.ReportMetric(readCPUTimes().stealSince(cpu), "steal%")
+		b.ReportMetric(cpustat.Read().StealSince(cpu), "steal%")
 	}
 	// rebuild measures full rebuild replays of the stream through c.
 	rebuild := func(c *consumer.Consumer, reset func(context.Context, pgx.Tx) error) func(*testing.B) {
@@ -135,33 +133,4 @@ func BenchmarkReplay(b *testing.B) {
 			require.EqualValues(b, benchMessages, sum.Messages)
 		})
 	})
-}
-
-// cpuTimes are the machine's CPU time counters from /proc/stat (zero where
-// the file cannot be read).
-type cpuTimes struct{ total, steal int64 }
-
-func readCPUTimes() cpuTimes {
-	var t cpuTimes
-	raw, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return t
-	}
-	line, _, _ := strings.Cut(string(raw), "\n")
-	for i, f := range strings.Fields(line)[1:] {
-		v, _ := strconv.ParseInt(f, 10, 64)
-		t.total += v
-		if i == 7 {
-			t.steal = v
-		}
-	}
-	return t
-}
-
-// stealSince is the percentage of the cores' time stolen since t0.
-func (t cpuTimes) stealSince(t0 cpuTimes) float64 {
-	if t.total <= t0.total {
-		return 0
-	}
-	return 100 * float64(t.steal-t0.steal) / float64(t.total-t0.total)
 }

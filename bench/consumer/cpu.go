@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/cpustat"
 )
 
 // clockTick is USER_HZ, the unit of /proc CPU times (100 on Linux).
@@ -20,11 +22,10 @@ const clockTick = 10 * time.Millisecond
 // application_name, and the server's background processes; other clients'
 // backends are not counted), by RabbitMQ (beam.smp), and by the whole machine.
 type cpuSnapshot struct {
-	self        time.Duration
-	postgres    map[int]time.Duration // by pid
-	rabbitmq    map[int]time.Duration
-	busy, total int64 // machine jiffies from /proc/stat
-	steal       int64 // jiffies the hypervisor gave to other guests
+	self     time.Duration
+	postgres map[int]time.Duration // by pid
+	rabbitmq map[int]time.Duration
+	machine  cpustat.Times
 }
 
 // pgPIDsSQL lists the PostgreSQL processes attributed to the benchmark.
@@ -51,20 +52,7 @@ func (b *bench) takeCPU(ctx context.Context) cpuSnapshot {
 			s.rabbitmq[pid] = t
 		}
 	}
-	if raw, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(raw), "\n")
-		for i, f := range strings.Fields(line)[1:] {
-			v, _ := strconv.ParseInt(f, 10, 64)
-			s.total += v
-			switch i {
-			case 3, 4: // idle, iowait
-			case 7:
-				s.steal += v
-			default:
-				s.busy += v
-			}
-		}
-	}
+	s.machine = cpustat.Read()
 	return s
 }
 
@@ -110,9 +98,9 @@ func grown(a, b map[int]time.Duration) time.Duration {
 
 func cpuBetween(a, b cpuSnapshot, wall time.Duration, cpus int) cpuUse {
 	u := cpuUse{self: b.self - a.self, postgres: grown(a.postgres, b.postgres), rabbitmq: grown(a.rabbitmq, b.rabbitmq)}
-	if t := b.total - a.total; t > 0 {
-		u.machine = float64(b.busy-a.busy) / float64(t)
-		u.steal = float64(b.steal-a.steal) / float64(t)
+	if t := b.machine.Total - a.machine.Total; t > 0 {
+		u.machine = float64(b.machine.Busy-a.machine.Busy) / float64(t)
+		u.steal = b.machine.StealSince(a.machine) / 100
 		busy := time.Duration(u.machine * float64(wall) * float64(cpus))
 		u.other = max(busy-u.self-u.postgres-u.rabbitmq, 0)
 	}

@@ -186,27 +186,18 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 
 	before := c.Stats().Batches
-	interval := time.Second / time.Duration(b.o.latencyRate)
 	start := time.Now()
-	for i := range total {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return res, ctx.Err()
-			}
-		}
+	err = b.offer(ctx, total, func(i int) error {
 		now := time.Now()
 		clock.sent[i] = now.Sub(clock.base)
-		if err := send(i, now); err != nil {
-			return res, err
-		}
+		return send(i, now)
+	})
+	if err != nil {
+		return res, err
 	}
 	res.duration, res.sent = time.Since(start), total
-	for _, dc := range pending {
-		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-			return res, fmt.Errorf("publish: confirmed=%v: %v", ok, err)
-		}
+	if err := waitConfirms(ctx, pending); err != nil {
+		return res, err
 	}
 	if err := r.wait(ctx, warmup+total, time.Minute); err != nil {
 		return res, err
@@ -290,25 +281,15 @@ func (b *bench) brokerLatency(ctx context.Context) (percentiles, error) {
 			return percentiles{}, err
 		}
 	}
-	interval := time.Second / time.Duration(b.o.latencyRate)
-	start := time.Now()
-	for i := range total {
-		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return percentiles{}, ctx.Err()
-			}
-		}
+	err = b.offer(ctx, total, func(i int) error {
 		sent[i] = time.Since(base)
-		if err := send(int64(i)); err != nil {
-			return percentiles{}, err
-		}
+		return send(int64(i))
+	})
+	if err != nil {
+		return percentiles{}, err
 	}
-	for _, dc := range pending {
-		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-			return percentiles{}, fmt.Errorf("publish: confirmed=%v: %v", ok, err)
-		}
+	if err := waitConfirms(ctx, pending); err != nil {
+		return percentiles{}, err
 	}
 	select {
 	case err := <-done:
@@ -323,4 +304,34 @@ func (b *bench) brokerLatency(ctx context.Context) (percentiles, error) {
 		got[i] = received[i] - sent[i]
 	}
 	return percentilesOf(got), nil
+}
+
+// offer calls send for 0…total-1 at o.latencyRate per second, on a fixed
+// schedule from the first call (a late send does not delay the next ones).
+func (b *bench) offer(ctx context.Context, total int, send func(i int) error) error {
+	interval := time.Second / time.Duration(b.o.latencyRate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := send(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitConfirms waits until the broker confirmed every publish in pending.
+func waitConfirms(ctx context.Context, pending []*amqp.DeferredConfirmation) error {
+	for _, dc := range pending {
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("publish: confirmed=%v: %v", ok, err)
+		}
+	}
+	return nil
 }
