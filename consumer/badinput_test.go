@@ -99,7 +99,7 @@ func FuzzPrepare(f *testing.F) {
 	c := fuzzConsumer(f)
 	f.Fuzz(func(t *testing.T, id string, body []byte, key string, attempt int64, count string) {
 		headers := amqp.Table{"key": key, headerAttempt: attempt, "x-delivery-count": count}
-		d := c.fromDelivery(amqp.Delivery{MessageId: id, Body: body, Headers: headers}, nil)
+		d := c.fromDelivery(amqp.Delivery{MessageId: id, Body: body, Headers: headers}, nil, time.Now())
 		m := d.msg
 		require.Equal(t, idem.HashBytes(body), m.Hash)
 		require.GreaterOrEqual(t, m.Attempt, 1)

@@ -261,7 +261,7 @@ loop:
 				break loop
 			}
 			s.acks.deliver(d.DeliveryTag) // before any later delivery can be settled
-			dv := c.fromDelivery(d, s)
+			dv := c.fromDelivery(d, s, time.Now())
 			in := inputs[0]
 			if len(inputs) > 1 {
 				h := fnv.New32a()
@@ -368,7 +368,7 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 }
 
 // fromDelivery turns an AMQP delivery into a Message.
-func (c *Consumer) fromDelivery(d amqp.Delivery, s *session) *delivery {
+func (c *Consumer) fromDelivery(d amqp.Delivery, s *session, received time.Time) *delivery {
 	m := &Message{
 		Body:          d.Body,
 		Headers:       map[string]any(d.Headers),
@@ -380,6 +380,7 @@ func (c *Consumer) fromDelivery(d amqp.Delivery, s *session) *delivery {
 		Attempt:       1,
 		Source:        c.cfg.Queue,
 		Timestamp:     d.Timestamp,
+		ReceivedAt:    received,
 	}
 	if m.Headers == nil {
 		m.Headers = map[string]any{}

@@ -40,6 +40,9 @@ type Incoming struct {
 	HasOffset bool
 	// Timestamp is the publisher's timestamp.
 	Timestamp time.Time
+	// ReceivedAt is when the source received the message; the time Process
+	// was called when zero.
+	ReceivedAt time.Time
 }
 
 // Outcome says what became of one message passed to Process.
@@ -172,10 +175,11 @@ const prepareChunk = 256
 // per message there, and the database is idle meanwhile.
 func (c *Consumer) prepareAll(ins []Incoming) []*Message {
 	out := make([]*Message, len(ins))
+	now := time.Now()
 	parts := min(runtime.GOMAXPROCS(0), len(ins)/prepareChunk)
 	if parts <= 1 {
 		for i := range ins {
-			out[i] = c.fromIncoming(ins[i])
+			out[i] = c.fromIncoming(ins[i], now)
 		}
 		return out
 	}
@@ -185,7 +189,7 @@ func (c *Consumer) prepareAll(ins []Incoming) []*Message {
 		hi := min(lo+size, len(ins))
 		wg.Go(func() {
 			for i := lo; i < hi; i++ {
-				out[i] = c.fromIncoming(ins[i])
+				out[i] = c.fromIncoming(ins[i], now)
 			}
 		})
 	}
@@ -193,8 +197,9 @@ func (c *Consumer) prepareAll(ins []Incoming) []*Message {
 	return out
 }
 
-// fromIncoming turns an Incoming into a prepared Message.
-func (c *Consumer) fromIncoming(in Incoming) *Message {
+// fromIncoming turns an Incoming into a prepared Message; now is its
+// ReceivedAt unless the Incoming has one.
+func (c *Consumer) fromIncoming(in Incoming, now time.Time) *Message {
 	m := &Message{
 		Body:          in.Body,
 		Headers:       in.Headers,
@@ -208,6 +213,10 @@ func (c *Consumer) fromIncoming(in Incoming) *Message {
 		Offset:        in.Offset,
 		HasOffset:     in.HasOffset,
 		Timestamp:     in.Timestamp,
+		ReceivedAt:    in.ReceivedAt,
+	}
+	if m.ReceivedAt.IsZero() {
+		m.ReceivedAt = now
 	}
 	if m.Headers == nil {
 		m.Headers = map[string]any{}

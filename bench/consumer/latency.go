@@ -26,8 +26,8 @@ type latencyResult struct {
 	duration time.Duration // of publishing
 	sent     int
 	commit   percentiles // publish → COMMIT returned
-	handler  percentiles // publish → handler start
-	inside   percentiles // handler start → COMMIT returned
+	received percentiles // publish → the runtime took the delivery (Message.ReceivedAt)
+	own      percentiles // Message.ReceivedAt → COMMIT returned: idem's own part
 	batches  int64
 	// broker is the baseline measured just before, at the same rate: a
 	// plain consumer of a quorum queue, publish → delivery, no database.
@@ -51,10 +51,10 @@ func percentilesOf(d []time.Duration) percentiles {
 // every message noted since the BEGIN gets the time; a ROLLBACK or the next
 // BEGIN forgets them (their batch will run again).
 type commitClock struct {
-	base      time.Time
-	sent      []time.Duration // by sequence number; written by the publisher only
-	handlerAt []atomic.Int64  // nanoseconds since base; 0: not yet
-	commitAt  []atomic.Int64
+	base       time.Time
+	sent       []time.Duration // by sequence number; written by the publisher only
+	receivedAt []atomic.Int64  // nanoseconds since base; 0: not yet
+	commitAt   []atomic.Int64
 
 	mu   sync.Mutex
 	open map[*pgx.Conn][]int64
@@ -62,17 +62,18 @@ type commitClock struct {
 
 func newCommitClock(n int) *commitClock {
 	return &commitClock{base: time.Now(), sent: make([]time.Duration, n),
-		handlerAt: make([]atomic.Int64, n), commitAt: make([]atomic.Int64, n), open: map[*pgx.Conn][]int64{}}
+		receivedAt: make([]atomic.Int64, n), commitAt: make([]atomic.Int64, n), open: map[*pgx.Conn][]int64{}}
 }
 
 func (k *commitClock) since() int64 { return int64(time.Since(k.base)) }
 
-// handled notes that the handler ran message seq in conn's transaction.
-func (k *commitClock) handled(conn *pgx.Conn, seq int64) {
+// handled notes that the handler ran message seq, which the runtime
+// received at received, in conn's transaction.
+func (k *commitClock) handled(conn *pgx.Conn, seq int64, received time.Time) {
 	if seq < 0 || seq >= int64(len(k.sent)) {
 		return // a warm-up message
 	}
-	k.handlerAt[seq].CompareAndSwap(0, k.since())
+	k.receivedAt[seq].CompareAndSwap(0, int64(received.Sub(k.base)))
 	k.mu.Lock()
 	k.open[conn] = append(k.open[conn], seq)
 	k.mu.Unlock()
@@ -105,7 +106,7 @@ func (k *commitClock) TraceQueryEnd(_ context.Context, conn *pgx.Conn, data pgx.
 }
 
 // latency offers o.latencyRate msg/s to an idem consumer for
-// o.latencySeconds and measures, per message, publish → handler start and
+// o.latencySeconds and measures, per message, publish → received by the runtime and
 // publish → COMMIT returned to the consumer.
 func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	res := latencyResult{offered: b.o.latencyRate}
@@ -140,7 +141,7 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	update := b.updateSQL
 	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		clock.handled(tx.Conn(), seqOf(m.Body))
+		clock.handled(tx.Conn(), seqOf(m.Body), m.ReceivedAt)
 		_, err := tx.Exec(ctx, update, accountOf(m.Body))
 		return err
 	})
@@ -205,18 +206,18 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	res.batches = c.Stats().Batches - before
 
 	commit := make([]time.Duration, 0, total)
-	handler := make([]time.Duration, 0, total)
-	inside := make([]time.Duration, 0, total)
+	received := make([]time.Duration, 0, total)
+	own := make([]time.Duration, 0, total)
 	for i := range total {
-		h, k := clock.handlerAt[i].Load(), clock.commitAt[i].Load()
-		if h == 0 || k == 0 {
-			return res, fmt.Errorf("message %d committed without a recorded handler or commit time", i)
+		r, k := clock.receivedAt[i].Load(), clock.commitAt[i].Load()
+		if r == 0 || k == 0 {
+			return res, fmt.Errorf("message %d committed without a recorded receive or commit time", i)
 		}
-		handler = append(handler, time.Duration(h)-clock.sent[i])
+		received = append(received, time.Duration(r)-clock.sent[i])
 		commit = append(commit, time.Duration(k)-clock.sent[i])
-		inside = append(inside, time.Duration(k-h))
+		own = append(own, time.Duration(k-r))
 	}
-	res.commit, res.handler, res.inside = percentilesOf(commit), percentilesOf(handler), percentilesOf(inside)
+	res.commit, res.received, res.own = percentilesOf(commit), percentilesOf(received), percentilesOf(own)
 	return res, nil
 }
 

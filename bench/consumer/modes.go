@@ -51,8 +51,9 @@ type idemStats struct {
 // message recorded as processed was applied exactly once.
 func (b *bench) throughput(ctx context.Context, mode string) (modeResult, error) {
 	res := modeResult{mode: mode}
-	q := b.queue(mode)
-	name := "bench-" + mode
+	label := b.label(mode)
+	q := b.queue(label)
+	name := "bench-" + label
 	var c *consumer.Consumer
 	var reader *sdkmetric.ManualReader
 	if mode == "raw" || mode == "naive" {
@@ -76,7 +77,7 @@ func (b *bench) throughput(ctx context.Context, mode string) (modeResult, error)
 		return res, err
 	}
 
-	stopProfile, err := b.profile(mode)
+	stopProfile, err := b.profile(label)
 	if err != nil {
 		return res, err
 	}
@@ -145,11 +146,11 @@ func (b *bench) throughput(ctx context.Context, mode string) (modeResult, error)
 }
 
 // profile starts a CPU profile of one mode's consume phase when asked to.
-func (b *bench) profile(mode string) (stop func(), err error) {
+func (b *bench) profile(label string) (stop func(), err error) {
 	if b.o.cpuprofile == "" {
 		return func() {}, nil
 	}
-	f, err := os.Create(fmt.Sprintf("%s-%s.pprof", b.o.cpuprofile, mode))
+	f, err := os.Create(fmt.Sprintf("%s-%s.pprof", b.o.cpuprofile, label))
 	if err != nil {
 		return nil, err
 	}

@@ -34,8 +34,9 @@ type bench struct {
 	tables    idem.Tables
 	pub       *amqp.Connection
 	queues    []string
-	accounts  string // quoted table name
-	dedup     string // quoted table name of the naive consumer's dedup table
+	runs      map[string]int // runs of each mode so far, for label
+	accounts  string         // quoted table name
+	dedup     string         // quoted table name of the naive consumer's dedup table
 	updateSQL string
 }
 
@@ -140,6 +141,20 @@ func (b *bench) cleanup() {
 		b.logf("cleanup: drop schema %s: %v", b.tables.Schema, err)
 	}
 	b.pool.Close()
+}
+
+// label names the k-th run of mode in this process: the mode itself the
+// first time, "mode-k" after, so that a mode listed twice gets its own queue,
+// consumer name, message ids and profile.
+func (b *bench) label(mode string) string {
+	if b.runs == nil {
+		b.runs = map[string]int{}
+	}
+	b.runs[mode]++
+	if k := b.runs[mode]; k > 1 {
+		return fmt.Sprintf("%s-%d", mode, k)
+	}
+	return mode
 }
 
 // queue names a fresh queue for mode and remembers it for cleanup.

@@ -1,0 +1,58 @@
+package consumer
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// ReceivedAt is stamped when the runtime takes the delivery from the
+// broker: after it was published, before the handler runs.
+func TestReceivedAtIsWhenTheRuntimeTookTheDelivery(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare(nil)
+	var mu sync.Mutex
+	var received, handled time.Time
+	c := e.newConsumer(func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		received, handled = m.ReceivedAt, time.Now()
+		return nil
+	}, nil)
+	start(t, c)
+	published := time.Now()
+	e.publish("m-1", `{}`, nil)
+	waitFor(t, 20*time.Second, "1 delivery settled", func() bool { return settled(c) == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	require.False(t, received.Before(published), "received %v before published %v", received, published)
+	require.False(t, handled.Before(received), "handled %v before received %v", handled, received)
+}
+
+// Process keeps an Incoming's ReceivedAt and stamps the call's time on the
+// ones without.
+func TestProcessKeepsOrStampsReceivedAt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var got []time.Time
+	c := e.newConsumer(func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		got = append(got, m.ReceivedAt)
+		return nil
+	}, nil)
+	earlier := time.Now().Add(-time.Hour)
+	before := time.Now()
+	_, err := c.Process(context.Background(), []Incoming{
+		{MessageID: "m-1", Body: []byte(`{}`), ReceivedAt: earlier},
+		{MessageID: "m-2", Body: []byte(`{}`)},
+	})
+	after := time.Now()
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	require.True(t, got[0].Equal(earlier))
+	require.False(t, got[1].Before(before) || got[1].After(after), "stamped %v, want within [%v, %v]", got[1], before, after)
+}
