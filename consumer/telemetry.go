@@ -30,6 +30,14 @@ type telemetry struct {
 	limits       metric.Int64Counter
 	base         attribute.Set
 	baseAttrs    []attribute.KeyValue
+	// Built once, used on every message: an option or a name built per
+	// call is an allocation per message.
+	baseRecord []metric.RecordOption // WithAttributeSet(base)
+	baseAdd    []metric.AddOption    // WithAttributeSet(base)
+	source     string                // the configured source
+	spanName   string                // "process " + source
+	spanStart  []trace.SpanStartOption
+	byOutcome  map[string][]metric.AddOption // read-only after newTelemetry
 }
 
 func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*telemetry, error) {
@@ -45,6 +53,14 @@ func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*teleme
 	t := &telemetry{name: cfg.Name, tracer: tp.Tracer(instrumentation)}
 	t.baseAttrs = []attribute.KeyValue{attribute.String("idem.consumer", cfg.Name), attribute.String("messaging.destination.name", source)}
 	t.base = attribute.NewSet(t.baseAttrs...)
+	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(t.base)}
+	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(t.base)}
+	t.source, t.spanName = source, "process "+source
+	t.spanStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	t.byOutcome = map[string][]metric.AddOption{}
+	for _, name := range []string{"processed", "duplicate", "conflict", "dead_lettered", "retried", "skipped", "deferred", "unresolved"} {
+		t.byOutcome[name] = []metric.AddOption{t.with(attribute.String("outcome", name))}
+	}
 	var err error
 	if t.messages, err = m.Int64Counter("idem.consumer.messages",
 		metric.WithDescription("Messages by outcome: processed, duplicate, conflict, retried, dead_lettered, unresolved.")); err != nil {
@@ -97,21 +113,26 @@ func (t *telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
 }
 
 func (t *telemetry) outcome(ctx context.Context, name string, n int) {
-	if n > 0 {
-		t.messages.Add(ctx, int64(n), t.with(attribute.String("outcome", name)))
+	if n <= 0 {
+		return
 	}
+	if opts, ok := t.byOutcome[name]; ok {
+		t.messages.Add(ctx, int64(n), opts...)
+		return
+	}
+	t.messages.Add(ctx, int64(n), t.with(attribute.String("outcome", name)))
 }
 
 func (t *telemetry) batch(ctx context.Context, n int) {
-	t.batchSize.Record(ctx, int64(n), metric.WithAttributeSet(t.base))
+	t.batchSize.Record(ctx, int64(n), t.baseRecord...)
 }
 
 func (t *telemetry) handlerTime(ctx context.Context, d time.Duration) {
-	t.handlerDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.base))
+	t.handlerDur.Record(ctx, d.Seconds(), t.baseRecord...)
 }
 
 func (t *telemetry) commitTime(ctx context.Context, d time.Duration) {
-	t.commitDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.base))
+	t.commitDur.Record(ctx, d.Seconds(), t.baseRecord...)
 }
 
 func (t *telemetry) batchRetry(ctx context.Context, contention bool) {
@@ -119,7 +140,7 @@ func (t *telemetry) batchRetry(ctx context.Context, contention bool) {
 }
 
 func (t *telemetry) ackDropped(ctx context.Context, n int) {
-	t.acksDropped.Add(ctx, int64(n), metric.WithAttributeSet(t.base))
+	t.acksDropped.Add(ctx, int64(n), t.baseAdd...)
 }
 
 func (t *telemetry) limit(name string) {
@@ -127,7 +148,7 @@ func (t *telemetry) limit(name string) {
 }
 
 func (t *telemetry) reconnect(ctx context.Context) {
-	t.reconnects.Add(ctx, 1, metric.WithAttributeSet(t.base))
+	t.reconnects.Add(ctx, 1, t.baseAdd...)
 }
 
 // headerCarrier lets the propagator read trace context from message headers.
@@ -156,7 +177,11 @@ func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (c
 	if len(m.Headers) > 0 {
 		ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
 	}
-	ctx, span := t.tracer.Start(ctx, "process "+m.Source, trace.WithSpanKind(trace.SpanKindConsumer))
+	name := t.spanName
+	if m.Source != t.source {
+		name = "process " + m.Source
+	}
+	ctx, span := t.tracer.Start(ctx, name, t.spanStart...)
 	if !span.IsRecording() {
 		return ctx, span // tracing is off: build no attributes
 	}

@@ -273,26 +273,26 @@ func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx
 
 // batchArgs are the six column arrays of claims[idx] for the batch inserts.
 func batchArgs(claims []Claim, idx []int) []any {
-	consumers := make([]string, len(idx))
-	ids := make([]string, len(idx))
-	hashes := make([][]byte, len(idx))
-	keys := make([]string, len(idx))
-	sources := make([]string, len(idx))
+	consumers := make(pointerArray[textElem], len(idx))
+	ids := make(pointerArray[textElem], len(idx))
+	hashes := make(pointerArray[byteaElem], len(idx))
+	keys := make(pointerArray[textElem], len(idx))
+	sources := make(pointerArray[textElem], len(idx))
 	offsets := make([]*int64, len(idx))
 	for j, i := range idx {
 		c := &claims[i]
-		consumers[j], ids[j], hashes[j] = c.Consumer, c.MessageID, c.PayloadHash[:]
-		keys[j], sources[j], offsets[j] = c.BusinessKey, c.Source, c.StreamOffset
+		consumers[j], ids[j], hashes[j] = textElem(c.Consumer), textElem(c.MessageID), c.PayloadHash[:]
+		keys[j], sources[j], offsets[j] = textElem(c.BusinessKey), textElem(c.Source), c.StreamOffset
 	}
 	return []any{consumers, ids, hashes, keys, sources, offsets}
 }
 
 // storedHashes reads the stored hashes of claims[idx].
 func (ib *Inbox) storedHashes(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]idem.Hash, error) {
-	consumers := make([]string, len(idx))
-	ids := make([]string, len(idx))
+	consumers := make(pointerArray[textElem], len(idx))
+	ids := make(pointerArray[textElem], len(idx))
 	for j, i := range idx {
-		consumers[j], ids[j] = claims[i].Consumer, claims[i].MessageID
+		consumers[j], ids[j] = textElem(claims[i].Consumer), textElem(claims[i].MessageID)
 	}
 	rows, err := tx.Query(ctx, ib.sql.storedHashes, consumers, ids)
 	if err != nil {
