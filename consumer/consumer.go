@@ -256,22 +256,26 @@ loop:
 			reason = errors.New("session abandoned")
 			break loop
 		case d, ok := <-deliveries:
-			if !ok {
-				reason = errors.New("delivery channel closed")
-				break loop
-			}
-			s.acks.deliver(d.DeliveryTag) // before any later delivery can be settled
-			dv := c.fromDelivery(d, s, time.Now())
-			in := inputs[0]
-			if len(inputs) > 1 {
-				h := fnv.New32a()
-				h.Write([]byte(c.cfg.OrderingKey(dv.msg)))
-				in = inputs[h.Sum32()%uint32(len(inputs))]
-			}
-			select {
-			case in <- dv:
-			case <-ctx.Done():
-				break loop
+			// Route this delivery and up to a burst of those already
+			// buffered behind it with cheap non-blocking receives; the
+			// select over every signal above waits for the next one.
+			for n := 0; ; n++ {
+				if !ok {
+					reason = errors.New("delivery channel closed")
+					break loop
+				}
+				if !c.route(ctx, s, inputs, d) {
+					break loop
+				}
+				if n == routeBurst {
+					break // look at the other signals again
+				}
+				select {
+				case d, ok = <-deliveries:
+					continue
+				default:
+				}
+				break // nothing buffered: wait in the select above
 			}
 		}
 	}
@@ -365,6 +369,34 @@ func (c *Consumer) handleBatch(ctx context.Context, batch []*delivery) {
 	hooks := batchOptions{afterCommit: c.afterCommit, abandon: s.dead}
 	results := c.runBatch(ctx, msgs, hooks)
 	c.settle(ctx, s, batch, results)
+}
+
+// routeBurst bounds the deliveries serve routes in a row before it looks at
+// its other signals again (cancellation, a closed connection).
+const routeBurst = 64
+
+// route hands d to its worker's input: the only one, or the one its
+// ordering key hashes to. It returns false if ctx ended first.
+func (c *Consumer) route(ctx context.Context, s *session, inputs []chan *delivery, d amqp.Delivery) bool {
+	s.acks.deliver(d.DeliveryTag) // before any later delivery can be settled
+	dv := c.fromDelivery(d, s, time.Now())
+	in := inputs[0]
+	if len(inputs) > 1 {
+		h := fnv.New32a()
+		h.Write([]byte(c.cfg.OrderingKey(dv.msg)))
+		in = inputs[h.Sum32()%uint32(len(inputs))]
+	}
+	select {
+	case in <- dv: // the common case: room in the input, no need to watch ctx
+		return true
+	default:
+	}
+	select {
+	case in <- dv:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // fromDelivery turns an AMQP delivery into a Message.

@@ -21,7 +21,12 @@
 // messages with idem at -prefetch to report its resident memory. A mode that
 // takes longer than -cap reports the messages it finished by then.
 //
-//	go run ./bench/consumer [-n 20000] [-modes raw,naive,idem,idem-ordered,idem-deferred]
+// With -repeat R the modes run R rounds, interleaved (raw, naive, …, raw,
+// naive, …), so that a drift of the machine hits every mode alike; each
+// round's ratios compare modes of the same round, and the targets compare
+// the modes' medians.
+//
+//	go run ./bench/consumer [-n 20000] [-repeat 1] [-modes raw,naive,idem,idem-ordered,idem-deferred]
 //	    [-latency-rate 200 -latency-seconds 10] [-prefetch 1000] [-cap 30s] [-cpuprofile prefix]
 //
 // IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are. The
@@ -45,6 +50,7 @@ import (
 type options struct {
 	pgURL, amqpURL string
 	n              int
+	repeat         int
 	modes          []string
 	accounts       int
 	prefetch       int
@@ -90,13 +96,16 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer b.cleanup()
 	rep := report{opts: o, machine: b.machine(ctx)}
-	for _, mode := range o.modes {
-		r, err := b.throughput(ctx, mode)
-		if err != nil {
-			return fmt.Errorf("%s: %w", mode, err)
+	for round := 1; round <= o.repeat; round++ {
+		for _, mode := range o.modes {
+			r, err := b.throughput(ctx, mode)
+			if err != nil {
+				return fmt.Errorf("%s: %w", mode, err)
+			}
+			r.round = round
+			rep.modes = append(rep.modes, r)
+			b.logf("%-12s %8.0f msg/s  (%d messages in %v, capped: %v)", mode, r.rate(), r.n, r.elapsed.Round(time.Millisecond), r.capped)
 		}
-		rep.modes = append(rep.modes, r)
-		b.logf("%-12s %8.0f msg/s  (%d messages in %v, capped: %v)", mode, r.rate(), r.n, r.elapsed.Round(time.Millisecond), r.capped)
 	}
 	if o.latencySeconds > 0 && o.latencyRate > 0 {
 		l, err := b.latency(ctx)
@@ -133,6 +142,7 @@ func parse(args []string) (options, error) {
 	}
 	fs := flag.NewFlagSet("bench/consumer", flag.ContinueOnError)
 	fs.IntVar(&o.n, "n", 20000, "messages per throughput mode")
+	fs.IntVar(&o.repeat, "repeat", 1, "rounds of the throughput modes; targets compare the modes' medians")
 	modes := fs.String("modes", strings.Join(allModes, ","), "throughput modes to run, in order")
 	fs.IntVar(&o.accounts, "accounts", 1000, "number of account rows the messages update")
 	fs.IntVar(&o.prefetch, "prefetch", 1000, "broker prefetch for every consumer")
@@ -165,8 +175,8 @@ func parse(args []string) (options, error) {
 		}
 		o.modes = append(o.modes, m)
 	}
-	if o.n <= 0 || o.accounts <= 0 || o.prefetch <= 0 || o.naiveWorkers <= 0 || o.cap <= 0 {
-		return o, errors.New("-n, -accounts, -prefetch, -naive-workers and -cap must be positive")
+	if o.n <= 0 || o.repeat <= 0 || o.accounts <= 0 || o.prefetch <= 0 || o.naiveWorkers <= 0 || o.cap <= 0 {
+		return o, errors.New("-n, -repeat, -accounts, -prefetch, -naive-workers and -cap must be positive")
 	}
 	return o, nil
 }

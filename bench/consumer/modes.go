@@ -28,6 +28,7 @@ const modeTimeout = 5 * time.Minute
 // modeResult is one throughput measurement.
 type modeResult struct {
 	mode    string
+	round   int // 1 to -repeat
 	n       int
 	elapsed time.Duration
 	capped  bool // stopped by -cap before all o.n messages were done
@@ -36,6 +37,13 @@ type modeResult struct {
 }
 
 func (r modeResult) rate() float64 { return float64(r.n) / r.elapsed.Seconds() }
+
+// coreMicros is the CPU the bench, PostgreSQL and RabbitMQ spent per
+// message, in core-microseconds.
+func (r modeResult) coreMicros() float64 {
+	u := r.cpu
+	return (u.self + u.postgres + u.rabbitmq).Seconds() * 1e6 / float64(max(r.n, 1))
+}
 
 // idemStats is what the runtime's metrics say about a run.
 type idemStats struct {

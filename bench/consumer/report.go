@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -23,13 +24,33 @@ const (
 	targetP99AtRate = 200
 )
 
-func (r *report) mode(name string) *modeResult {
+// modeIn returns mode name's result of round, or nil.
+func (r *report) modeIn(name string, round int) *modeResult {
 	for i := range r.modes {
-		if r.modes[i].mode == name {
+		if r.modes[i].mode == name && r.modes[i].round == round {
 			return &r.modes[i]
 		}
 	}
 	return nil
+}
+
+// medianOf returns the median over the rounds of f of mode name's results,
+// and false if the mode did not run.
+func (r *report) medianOf(name string, f func(modeResult) float64) (float64, bool) {
+	var v []float64
+	for _, x := range r.modes {
+		if x.mode == name {
+			v = append(v, f(x))
+		}
+	}
+	if len(v) == 0 {
+		return 0, false
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2], true
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2, true
 }
 
 func ratio(a *modeResult, base *modeResult) string {
@@ -37,6 +58,18 @@ func ratio(a *modeResult, base *modeResult) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.2f×", a.rate()/base.rate())
+}
+
+// roundRatios returns, for every round in which both ran, name's msg/s over
+// base's.
+func (r *report) roundRatios(name, base string) []float64 {
+	var out []float64
+	for round := 1; round <= r.opts.repeat; round++ {
+		if x, b := r.modeIn(name, round), r.modeIn(base, round); x != nil && b != nil {
+			out = append(out, x.rate()/b.rate())
+		}
+	}
+	return out
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
@@ -50,7 +83,6 @@ func (r *report) markdown() string {
 		"Load average %s at start, %s at end.\n\n", m.cpus, m.cpuModel, m.goVersion, m.postgres, m.pgSettings,
 		m.rabbitmq, m.loadStart, m.loadEnd)
 
-	raw, naive := r.mode("raw"), r.mode("naive")
 	if len(r.modes) > 0 {
 		fmt.Fprintf(&w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
 			r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
@@ -58,6 +90,7 @@ func (r *report) markdown() string {
 		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for i := range r.modes {
 			x := &r.modes[i]
+			raw, naive := r.modeIn("raw", x.round), r.modeIn("naive", x.round)
 			commits, perCommit, commitMs, retries := "—", "—", "—", "—"
 			switch {
 			case x.mode == "naive":
@@ -70,11 +103,14 @@ func (r *report) markdown() string {
 				retries = fmt.Sprintf("%d (%d)", s.retries, s.contention)
 			}
 			label := x.mode
+			if r.opts.repeat > 1 {
+				label += fmt.Sprintf(" #%d", x.round)
+			}
 			if x.capped {
 				label += fmt.Sprintf(" (capped: %d of %d done in %v)", x.n, r.opts.n, r.opts.cap)
 			}
 			u := x.cpu
-			perMsg := (u.self + u.postgres + u.rabbitmq).Seconds() * 1e6 / float64(max(x.n, 1))
+			perMsg := x.coreMicros()
 			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s |\n",
 				label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
 				u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
@@ -82,29 +118,61 @@ func (r *report) markdown() string {
 		}
 		w.WriteString("\n")
 	}
+	rate := func(x modeResult) float64 { return x.rate() }
+	if r.opts.repeat > 1 && len(r.modes) > 0 {
+		fmt.Fprintf(&w, "Medians over the %d rounds (the ratios are ratios of medians):\n\n", r.opts.repeat)
+		w.WriteString("| mode | msg/s | × naive | × raw | core-µs per msg |\n|---|---:|---:|---:|---:|\n")
+		naive, hasNaive := r.medianOf("naive", rate)
+		raw, hasRaw := r.medianOf("raw", rate)
+		of := func(v, base float64, ok bool) string {
+			if !ok {
+				return "—"
+			}
+			return fmt.Sprintf("%.2f×", v/base)
+		}
+		for _, name := range allModes {
+			if v, ok := r.medianOf(name, rate); ok {
+				core, _ := r.medianOf(name, modeResult.coreMicros)
+				fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.0f |\n", name, v, of(v, naive, hasNaive), of(v, raw, hasRaw), core)
+			}
+		}
+		w.WriteString("\n")
+	}
 
 	w.WriteString("| target | measured | met |\n|---|---|---|\n")
 	for _, t := range []struct {
-		name string
-		base *modeResult
+		base string
 		want float64
-	}{{"naive", naive, targetVsNaive}, {"raw", raw, targetVsRaw}} {
-		if t.base == nil {
+	}{{"naive", targetVsNaive}, {"raw", targetVsRaw}} {
+		base, ok := r.medianOf(t.base, rate)
+		if !ok {
 			continue
 		}
 		var parts []string
 		met := "no"
 		for _, name := range []string{"idem", "idem-ordered", "idem-deferred"} {
-			if x := r.mode(name); x != nil {
-				got := x.rate() / t.base.rate()
-				parts = append(parts, fmt.Sprintf("%s %.2f×", name, got))
-				if got >= t.want {
-					met = "yes (" + name + ")"
+			v, ok := r.medianOf(name, rate)
+			if !ok {
+				continue
+			}
+			got := v / base
+			part := fmt.Sprintf("%s %.2f×", name, got)
+			if rounds := r.roundRatios(name, t.base); len(rounds) > 1 {
+				k := 0
+				for _, x := range rounds {
+					if x >= t.want {
+						k++
+					}
 				}
+				part += fmt.Sprintf(" (rounds %.2f–%.2f×, %d of %d at or above)", slices.Min(rounds), slices.Max(rounds), k, len(rounds))
+			}
+			parts = append(parts, part)
+			if got >= t.want {
+				met = "yes (" + name + ")"
 			}
 		}
 		if len(parts) > 0 {
-			fmt.Fprintf(&w, "| idem ≥ %.1f × %s (msg/s) | %s | %s |\n", t.want, t.name, strings.Join(parts, ", "), met)
+			fmt.Fprintf(&w, "| idem ≥ %.1f × %s (msg/s) | %s | %s |\n", t.want, t.base, strings.Join(parts, ", "), met)
 		}
 	}
 	if l := r.latency; l != nil {
@@ -159,6 +227,9 @@ sends the UPDATE through consumer.Defer (pipelined before the commit). After eac
 sum of balances must have grown by exactly the number of messages recorded
 as processed (dedup or inbox rows), and by all of them unless capped.
 The latency and memory runs use idem-ordered.
+A row's "× naive" and "× raw" compare it with the baseline of its own
+round; with -repeat, the targets compare the modes' medians over the rounds
+and say how many rounds met them on their own.
 CPU seconds during the consume phase come from getrusage (bench) and
 /proc/PID/stat: postgres counts this run's backends (by application_name)
 and the server's background processes (WAL writer, checkpointer…), not
