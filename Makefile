@@ -35,6 +35,7 @@ vet:
 # bench: every figure of BENCHMARKS.md, each against its same-run baseline.
 bench: services
 	$(GO) run ./bench/consumer
+	$(GO) test -run '^$$' -bench ProcessBatch -benchmem -count 3 ./consumer
 	$(GO) test -run '^$$' -bench Claim -benchtime 3s ./inbox/
 	$(GO) test -run '^$$' -bench BenchmarkDispatchHTTP -benchtime 20000x -count 3 ./ledger
 	$(GO) test -run '^$$' -bench RecordEffectOverhead -benchtime 10000x -count 3 ./examples/payments/

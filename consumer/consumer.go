@@ -267,7 +267,7 @@ loop:
 				if !c.route(ctx, s, inputs, d) {
 					break loop
 				}
-				if n == routeBurst {
+				if n == routeBurst || ctx.Err() != nil || !s.alive() {
 					break // look at the other signals again
 				}
 				select {

@@ -57,9 +57,10 @@ type Message struct {
 	HasOffset bool
 	// Timestamp is the publisher's timestamp, when set.
 	Timestamp time.Time
-	// ReceivedAt is when the runtime took the delivery from the broker (for
-	// Process: Incoming.ReceivedAt, or when Process was called). Now minus
-	// ReceivedAt is the time the message spent inside idem.
+	// ReceivedAt is when the runtime took the delivery from the broker; for
+	// streams and replays, when it read the message's batch; for Process,
+	// Incoming.ReceivedAt, or when Process was called. Now minus ReceivedAt
+	// is the time the message has spent inside idem.
 	ReceivedAt time.Time
 
 	// rawID is the message id property as received, republished as is.

@@ -2,11 +2,13 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -55,4 +57,47 @@ func TestProcessKeepsOrStampsReceivedAt(t *testing.T) {
 	require.Len(t, got, 2)
 	require.True(t, got[0].Equal(earlier))
 	require.False(t, got[1].Before(before) || got[1].After(after), "stamped %v, want within [%v, %v]", got[1], before, after)
+}
+
+// The runtime works in the query exec modes used behind PgBouncer (exec,
+// simple protocol), where parameters travel without their PostgreSQL type:
+// claims, deferred writes, dead-letter rows, and a second run that finds
+// every message a duplicate.
+func TestBatchRunsInThePgBouncerQueryExecModes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := e.pool.Config()
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			insert := `INSERT INTO ` + e.tables.QuotedSchema() + `.effects (message_id, note) VALUES ($1, $2)`
+			c := e.newConsumer(func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				if string(m.Body) == "refuse" {
+					return Permanent(errors.New("refused"))
+				}
+				return Defer(ctx, tx, insert, m.ID, mode.String())
+			}, func(cfg *Config) { cfg.Pool, cfg.Name = pool, "test-"+mode.String() })
+			msgs := []Incoming{
+				{MessageID: "a", Body: []byte("ok")},
+				{MessageID: "b", Body: []byte("ok")},
+				{MessageID: "a", Body: []byte("ok")},
+				{MessageID: "c", Body: []byte("refuse")},
+			}
+			results := func() []string {
+				out, err := c.Process(t.Context(), msgs)
+				require.NoError(t, err)
+				var r []string
+				for _, o := range out {
+					r = append(r, o.Result)
+				}
+				return r
+			}
+			require.Equal(t, []string{"processed", "processed", "duplicate", "dead_lettered"}, results())
+			require.Equal(t, []string{"duplicate", "duplicate", "duplicate", "dead_lettered"}, results())
+			require.Equal(t, 2, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.effects WHERE note = '`+mode.String()+`'`))
+		})
+	}
 }

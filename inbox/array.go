@@ -1,6 +1,9 @@
 package inbox
 
-import "github.com/jackc/pgx/v5/pgtype"
+import (
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
 
 // pointerArray is a one-dimensional array parameter that pgx encodes without
 // an allocation per element. pgx reads array elements as interface values:
@@ -37,3 +40,40 @@ type byteaElem []byte
 
 // BytesValue implements pgtype.BytesValuer.
 func (e *byteaElem) BytesValue() ([]byte, error) { return *e, nil }
+
+// portable returns args as pgx can send them on tx's connection. The exec
+// and simple-protocol query modes (the usual ones behind PgBouncer) send
+// parameters without their PostgreSQL type, and pgx then finds an encoding
+// only for the types it knows: there, every pointerArray becomes the plain
+// slice it stands for. The modes that describe a statement first get args
+// as they are.
+func portable(tx pgx.Tx, args []any) []any {
+	switch tx.Conn().Config().DefaultQueryExecMode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+	default:
+		return args
+	}
+	for i, a := range args {
+		switch a := a.(type) {
+		case pointerArray[textElem]:
+			var plain []string // nil stays NULL
+			for _, e := range a {
+				plain = append(plain, string(e))
+			}
+			if a != nil && plain == nil {
+				plain = []string{}
+			}
+			args[i] = plain
+		case pointerArray[byteaElem]:
+			var plain [][]byte
+			for _, e := range a {
+				plain = append(plain, e)
+			}
+			if a != nil && plain == nil {
+				plain = [][]byte{}
+			}
+			args[i] = plain
+		}
+	}
+	return args
+}

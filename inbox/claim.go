@@ -202,7 +202,7 @@ func (ib *Inbox) ClaimNewBatch(ctx context.Context, tx pgx.Tx, claims []Claim) (
 		return nil, err
 	}
 	if len(pending) > 0 {
-		args := batchArgs(claims, pending)
+		args := portable(tx, batchArgs(claims, pending))
 		if _, err := tx.Exec(ctx, ib.sql.claimNewBatch, args...); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -255,7 +255,7 @@ func decideRepeats(claims []Claim, first map[claimKey]int, results []Result) {
 
 // insertBatch inserts claims[idx] and returns the keys it inserted.
 func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]bool, error) {
-	rows, err := tx.Query(ctx, ib.sql.claimBatch, batchArgs(claims, idx)...)
+	rows, err := tx.Query(ctx, ib.sql.claimBatch, portable(tx, batchArgs(claims, idx))...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
@@ -294,7 +294,7 @@ func (ib *Inbox) storedHashes(ctx context.Context, tx pgx.Tx, claims []Claim, id
 	for j, i := range idx {
 		consumers[j], ids[j] = textElem(claims[i].Consumer), textElem(claims[i].MessageID)
 	}
-	rows, err := tx.Query(ctx, ib.sql.storedHashes, consumers, ids)
+	rows, err := tx.Query(ctx, ib.sql.storedHashes, portable(tx, []any{consumers, ids})...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: read %d stored hashes: %w", len(idx), err)
 	}

@@ -62,11 +62,13 @@ func (r *runner) segments() (main, catchUp *segment) {
 // batch processes consecutive records read from the stream.
 func (r *runner) batch(ctx context.Context, recs []streamio.Record) error {
 	ins := make([]consumer.Incoming, len(recs))
+	read := time.Now() // ReceivedAt, kept when a message is run again
 	for i, rec := range recs {
 		ins[i] = consumer.Incoming{
 			MessageID: rec.MessageID, Body: rec.Body, Headers: rec.ApplicationProperties,
 			ContentType: rec.Properties.ContentType, CorrelationID: rec.Properties.CorrelationID,
 			Source: r.o.Stream, Offset: rec.Offset, HasOffset: true, Timestamp: rec.Timestamp, Attempt: 1,
+			ReceivedAt: read,
 		}
 	}
 	if r.main == nil {

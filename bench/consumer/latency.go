@@ -123,9 +123,9 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	defer pool.Close()
 
-	// The throughput modes just wrote a lot: write their dirty pages back
-	// now, so that the checkpoint they would trigger does not land in the
-	// middle of the measurement and charge its fsyncs to it.
+	// Write back what earlier work left dirty now, so that a checkpoint it
+	// would trigger does not land in the middle of the measurement and
+	// charge its fsyncs to it.
 	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		b.logf("latency: CHECKPOINT failed (%v); measuring anyway", err)
 	}

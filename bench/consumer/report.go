@@ -240,7 +240,8 @@ agents' load included), and "machine busy" the busy fraction of all cores;
 machines (not counted as busy): runs with a high steal are depressed and
 noisy.
 "core-µs per msg" is (bench + postgres + rabbitmq) CPU per message: what a
-mode costs the machine, less sensitive to other load than msg/s. Latency: a publisher in this process sends at the
+mode costs the machine, less sensitive to other load than msg/s. Latency (measured before the throughput modes, so that their write-back
+does not land in it): a publisher in this process sends at the
 offered rate (after 50 warm-up messages); the handler notes each message and
 its Message.ReceivedAt (when the runtime took the delivery from the broker)
 on its database connection, and a pgx QueryTracer on the consumer's pool stamps
