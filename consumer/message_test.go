@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 // ReceivedAt is stamped when the runtime takes the delivery from the
@@ -68,11 +69,7 @@ func TestBatchRunsInThePgBouncerQueryExecModes(t *testing.T) {
 	e := newEnv(t)
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg := e.pool.Config()
-			cfg.ConnConfig.DefaultQueryExecMode = mode
-			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-			require.NoError(t, err)
-			defer pool.Close()
+			pool := testdb.WithExecMode(t, e.pool, mode)
 			insert := `INSERT INTO ` + e.tables.QuotedSchema() + `.effects (message_id, note) VALUES ($1, $2)`
 			c := e.newConsumer(func(ctx context.Context, tx pgx.Tx, m *Message) error {
 				if string(m.Body) == "refuse" {

@@ -4,10 +4,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 // The batch claims work in every pgx query exec mode, the exec and
@@ -22,11 +22,7 @@ func TestBatchClaimsWorkInEveryQueryExecMode(t *testing.T) {
 		pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
 	} {
 		t.Run(mode.String(), func(t *testing.T) {
-			cfg := pool.Config()
-			cfg.ConnConfig.DefaultQueryExecMode = mode
-			p, err := pgxpool.NewWithConfig(t.Context(), cfg)
-			require.NoError(t, err)
-			defer p.Close()
+			p := testdb.WithExecMode(t, pool, mode)
 			consumer := "c-" + mode.String()
 			off := int64(7)
 			claimed := []inbox.Claim{

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -97,6 +98,21 @@ func Schema(tb testing.TB) (*pgxpool.Pool, idem.Tables) {
 		}
 	})
 	return pool, tables
+}
+
+// WithExecMode returns a pool like pool whose connections use the pgx query
+// exec mode mode (exec and simple_protocol are PgBouncer's), closed when the
+// test ends.
+func WithExecMode(tb testing.TB, pool *pgxpool.Pool, mode pgx.QueryExecMode) *pgxpool.Pool {
+	tb.Helper()
+	cfg := pool.Config()
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("testdb: pool in mode %s: %v", mode, err)
+	}
+	tb.Cleanup(p.Close)
+	return p
 }
 
 var unsafe = regexp.MustCompile(`[^a-z0-9]+`)
