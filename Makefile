@@ -24,7 +24,7 @@ test: services vet
 # terminated sessions, a dispatcher killed mid-call, a faulty gateway), then
 # the invariants. Needs rabbitmqctl and ss on this machine, as root.
 soak: services
-	$(GO) run ./examples/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 2m
+	$(GO) run ./internal/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 2m
 
 services:
 	./scripts/services.sh

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
 )
 
@@ -39,18 +40,18 @@ func TestBadInputIsDeadLetteredWithAReasonAndTheQueueGoesOn(t *testing.T) {
 		headers  amqp.Table
 		reason   string // "" = processed
 	}{
-		{"invalid-json", `{"account": "A1", "amount": `, nil, ReasonDecodeError},
+		{"invalid-json", `{"account": "A1", "amount": `, nil, deadletters.ReasonDecodeError},
 		{"invalid-utf8", "{\"account\": \"\xff\xfe\", \"amount\": 1}", nil, ""}, // encoding/json replaces invalid UTF-8
-		{"deeply-nested", nested, nil, ReasonDecodeError},
-		{"huge-body", `{"account":"A1","amount":1,"pad":"` + strings.Repeat("x", 64<<10) + `"}`, nil, ReasonTooLarge},
-		{"", `{"account":"A1","amount":1}`, nil, ReasonMissingMessageID},
-		{strings.Repeat("i", 250), `{"account":"A1","amount":1}`, nil, ReasonInvalidMessageID},
-		{"bad-\xff-id", `{"account":"A1","amount":1}`, nil, ReasonInvalidMessageID},
-		{"nul-\x00-id", `{"account":"A1","amount":1}`, nil, ReasonInvalidMessageID},
-		{"many-headers", `{"account":"A1","amount":1}`, manyHeaders, ReasonTooManyHeaders},
+		{"deeply-nested", nested, nil, deadletters.ReasonDecodeError},
+		{"huge-body", `{"account":"A1","amount":1,"pad":"` + strings.Repeat("x", 64<<10) + `"}`, nil, deadletters.ReasonTooLarge},
+		{"", `{"account":"A1","amount":1}`, nil, deadletters.ReasonMissingMessageID},
+		{strings.Repeat("i", 250), `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
+		{"bad-\xff-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
+		{"nul-\x00-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
+		{"many-headers", `{"account":"A1","amount":1}`, manyHeaders, deadletters.ReasonTooManyHeaders},
 		{"delivery-count-string", `{"account":"A1","amount":1}`, amqp.Table{"x-delivery-count": "seven"}, ""},
-		{"attempt-string", `{"account":"A1","amount":1}`, amqp.Table{headerAttempt: "1000000"}, ""},
-		{"attempt-negative", `{"account":"A1","amount":1}`, amqp.Table{headerAttempt: int64(-5)}, ""},
+		{"attempt-string", `{"account":"A1","amount":1}`, amqp.Table{"x-idem-attempt": "1000000"}, ""},
+		{"attempt-negative", `{"account":"A1","amount":1}`, amqp.Table{"x-idem-attempt": int64(-5)}, ""},
 		{"good", `{"account":"A1","amount":1}`, nil, ""},
 	}
 	for _, tc := range cases {
@@ -62,7 +63,7 @@ func TestBadInputIsDeadLetteredWithAReasonAndTheQueueGoesOn(t *testing.T) {
 
 	dlq := map[string]string{}
 	for _, d := range e.drain(e.queue + ".dlq") {
-		dlq[d.MessageId] = d.Headers[headerReason].(string)
+		dlq[d.MessageId] = d.Headers["x-idem-reason"].(string)
 	}
 	eff := e.effects()
 	for _, tc := range cases {
@@ -98,13 +99,14 @@ func FuzzPrepare(f *testing.F) {
 	f.Add(strings.Repeat("a", 65), []byte(strings.Repeat("[", 1000)), "key", int64(0), "seven")
 	c := fuzzConsumer(f)
 	f.Fuzz(func(t *testing.T, id string, body []byte, key string, attempt int64, count string) {
-		headers := amqp.Table{"key": key, headerAttempt: attempt, "x-delivery-count": count}
-		d := c.fromDelivery(amqp.Delivery{MessageId: id, Body: body, Headers: headers}, nil, time.Now())
-		m := d.msg
+		headers := amqp.Table{"key": key, "x-idem-attempt": attempt, "x-delivery-count": count}
+		it := c.fromDelivery(&amqp.Delivery{MessageId: id, Body: body, Headers: headers}, time.Now())
+		m := it.Msg.(*Message)
 		require.Equal(t, idem.HashBytes(body), m.Hash)
 		require.GreaterOrEqual(t, m.Attempt, 1)
-		if m.deadLetter != nil {
-			require.NotEmpty(t, m.deadLetter.Reason)
+		if it.Reject != nil {
+			require.NotEmpty(t, it.Reject.Reason)
+			require.True(t, utf8.ValidString(it.ID), "a dead letter's id is storable text")
 			return
 		}
 		require.NotEmpty(t, m.ID)

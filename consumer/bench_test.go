@@ -50,7 +50,7 @@ func BenchmarkProcessBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for _, o := range out {
-					if o.Result != "processed" {
+					if o.Result.String() != "processed" {
 						b.Fatalf("outcome %+v", o)
 					}
 				}

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"log/slog"
-	"os"
 	"runtime"
 	"time"
 
@@ -11,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/queuesource"
 )
 
 // Topology says what the consumer does with its queues at start.
@@ -27,8 +26,8 @@ const (
 	Existing
 )
 
-// Config configures a Consumer. Only AMQPURL (or a stream source), Name, Pool
-// and Queue are required; every other field has the default its comment states.
+// Config configures a Consumer. Name and Pool are required, and Run needs
+// AMQPURL and Queue; every other field has the default its comment states.
 type Config struct {
 	// AMQPURL is the broker URL, e.g. amqp://guest:guest@127.0.0.1:5672/.
 	AMQPURL string
@@ -43,8 +42,10 @@ type Config struct {
 	BatchMaxWait time.Duration
 
 	// BatchRetries is how many times a batch is retried after a database
-	// failure (connection lost, commit failed, deadlock, serialization
-	// failure) before its messages are handed back to the broker. Default: 8.
+	// failure (connection lost, commit failed) before its messages are
+	// handed back to the broker. Conflicts between concurrent batches
+	// (deadlock, serialization failure, lock timeout) split the batch at
+	// once instead. Default: 8.
 	BatchRetries int
 
 	// BusinessKey, when set, derives Message.BusinessKey (stored in the inbox).
@@ -64,13 +65,34 @@ type Config struct {
 	DeadLetterQueue string
 
 	// DeliveryLimit is the quorum queue's x-delivery-limit: a message the
-	// broker delivered this many times without an ack or a decision (a worker
-	// that crashes on it, say) is dead-lettered by the broker with x-death
-	// reason "delivery_limit". Default: 20.
+	// broker delivered this many times without an ack (a worker that keeps
+	// dying on it) is dead-lettered by the broker with x-death reason
+	// "delivery_limit". idem dead-letters such a message itself first (see
+	// MaxCrashes); the limit is the backstop. It must exceed MaxCrashes + 1.
+	// Default: 20.
 	DeliveryLimit int
 
-	// Hash computes the payload hash. Default: HashRaw (SHA-256 of the body).
+	// HandlerTimeout bounds each handler call. A handler past it has its
+	// context cancelled (its statements are cancelled with it), its batch
+	// rolls back, and its message counts a failed attempt — retried, then
+	// dead-lettered with reason "handler_timeout" — while the batch's other
+	// messages run again without it. A handler that ignores its context for
+	// 2s more is abandoned: its connection is closed and its backend
+	// terminated, its goroutine is left to finish on its own (counted in
+	// Stats.AbandonedHandlers and logged at Error), and the worker goes on.
+	// Default: 30s.
+	HandlerTimeout time.Duration
+
+	// Hash computes the payload hash. Default: SHA-256 of the raw body;
+	// HashCanonicalJSON opts into canonical JSON.
 	Hash HashFunc
+
+	// LockTimeout is the lock_timeout of a batch transaction: a batch that
+	// waits longer for a row lock (another batch, in this process or
+	// another, holds it) is rolled back and retried at once with a longer
+	// wait, then split, so that a conflict costs milliseconds instead of
+	// PostgreSQL's deadlock_timeout. Default: 50ms.
+	LockTimeout time.Duration
 
 	// Logger receives the runtime's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -78,6 +100,19 @@ type Config struct {
 	// MaxAttempts is how many times a message is tried before it is
 	// dead-lettered with reason "max_attempts". Default: 5.
 	MaxAttempts int
+
+	// MaxBufferedBytes bounds the bodies of the deliveries held in memory —
+	// prefetched, buffered and in flight — whatever the message size: past
+	// it the runtime stops reading from the broker until batches settle.
+	// One message larger than the bound still passes on its own.
+	// Default: 64 MiB.
+	MaxBufferedBytes int64
+
+	// MaxCrashes is how many times a message may be running, alone, when
+	// its worker process dies before idem dead-letters it with reason
+	// "worker_crashed". Redelivered messages run alone, so a message that
+	// kills the process takes only itself down. Default: 3.
+	MaxCrashes int
 
 	// MaxHeaders is the largest number of headers a message may carry;
 	// more are dead-lettered with reason "too_many_headers". Default: 256.
@@ -90,7 +125,8 @@ type Config struct {
 	// dead-lettered with reason "message_too_large". Default: 16 MiB.
 	MaxMessageBytes int
 
-	// MessageID extracts the message identity. Default: IDFromProperty.
+	// MessageID extracts the message identity. Default: the AMQP message-id
+	// property.
 	MessageID IDFunc
 
 	// MeterProvider provides the metrics. Default: the global provider.
@@ -111,7 +147,7 @@ type Config struct {
 	// Default: 2 × BatchMaxSize × Workers, at most 1000.
 	Prefetch int
 
-	// Queue is the queue to consume. Required.
+	// Queue is the queue to consume.
 	Queue string
 
 	// QueueType is the x-queue-type the queue is declared with. Default: "quorum".
@@ -138,9 +174,10 @@ type Config struct {
 	// Default: false (only hashes are stored; the payload is in the DLQ).
 	StorePayloads bool
 
-	// Stream is the RabbitMQ stream to consume instead of a Queue: in order,
-	// with the checkpoint in each batch's transaction, one active reader per
-	// (Name, Stream) across processes.
+	// Stream is the RabbitMQ stream to consume instead of a Queue, with
+	// stream.Run from package consumer/stream: in order, with the checkpoint
+	// in each batch's transaction, one active reader per (Name, Stream)
+	// across processes.
 	Stream string
 
 	// StreamURL is the stream protocol URL. Default: derived from AMQPURL
@@ -158,87 +195,75 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 
 	// Workers is the number of batches processed in parallel. Default: the
-	// number of CPUs (GOMAXPROCS), at least 2. The runtime is CPU-bound
-	// once batches are large: more workers than cores split the same flow
-	// into smaller batches that cost more per message. Raise it when
-	// handlers wait on slow round trips (a distant database).
+	// number of CPUs (GOMAXPROCS), at least 2. Fewer run at once while
+	// batches conflict over rows, and more again as soon as they stop.
 	Workers int
 }
 
+// Defaults of the fields that are not zero by default.
+const (
+	defaultHandlerTimeout   = 30 * time.Second
+	defaultLockTimeout      = 50 * time.Millisecond
+	defaultMaxBufferedBytes = 64 << 20
+)
+
 func (c *Config) setDefaults() {
-	if c.BatchMaxSize <= 0 {
-		c.BatchMaxSize = 200
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
 	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.BatchMaxSize, 200)
 	if c.BatchMaxWait == 0 {
 		c.BatchMaxWait = 500 * time.Microsecond
 	}
-	if c.BatchRetries <= 0 {
-		c.BatchRetries = 8
-	}
-	if c.CommitTimeout <= 0 {
-		c.CommitTimeout = 10 * time.Second
-	}
+	def(&c.BatchRetries, 8)
+	defDur(&c.CommitTimeout, 10*time.Second)
 	if c.ConnectionName == "" {
 		c.ConnectionName = "idem:" + c.Name
 	}
-	if c.DeadLetterQueue == "" && c.Queue != "" {
-		c.DeadLetterQueue = c.Queue + ".dlq"
-	}
-	if c.DeliveryLimit <= 0 {
-		c.DeliveryLimit = 20
-	}
+	def(&c.DeliveryLimit, 20)
+	defDur(&c.HandlerTimeout, defaultHandlerTimeout)
 	if c.Hash == nil {
-		c.Hash = HashRaw
+		c.Hash = hashRaw
 	}
+	defDur(&c.LockTimeout, defaultLockTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = 5
+	def(&c.MaxAttempts, 5)
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
-	if c.MaxHeaders <= 0 {
-		c.MaxHeaders = 256
-	}
-	if c.MaxIDBytes <= 0 {
-		c.MaxIDBytes = 512
-	}
-	if c.MaxMessageBytes <= 0 {
-		c.MaxMessageBytes = 16 << 20
-	}
+	def(&c.MaxCrashes, 3)
+	def(&c.MaxHeaders, 256)
+	def(&c.MaxIDBytes, 512)
+	def(&c.MaxMessageBytes, 16<<20)
 	if c.MessageID == nil {
-		c.MessageID = IDFromProperty
+		c.MessageID = idFromProperty
 	}
-	if c.Workers <= 0 {
-		c.Workers = max(runtime.GOMAXPROCS(0), 2)
-	}
-	if c.Prefetch <= 0 {
-		c.Prefetch = min(2*c.BatchMaxSize*c.Workers, 1000)
-	}
+	def(&c.Workers, max(runtime.GOMAXPROCS(0), 2))
+	def(&c.Prefetch, min(2*c.BatchMaxSize*c.Workers, 1000))
 	if c.QueueType == "" {
 		c.QueueType = "quorum"
 	}
-	if c.ReconnectMaxDelay <= 0 {
-		c.ReconnectMaxDelay = 30 * time.Second
-	}
-	if c.RetryBaseDelay <= 0 {
-		c.RetryBaseDelay = time.Second
-	}
-	if c.RetryMaxDelay <= 0 {
-		c.RetryMaxDelay = 5 * time.Minute
-	}
-	if c.RetryQueue == "" && c.Queue != "" {
-		c.RetryQueue = c.Queue + ".retry"
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.StreamURL == "" && c.Stream != "" {
-		if os.Getenv("IDEM_STREAM_URL") != "" || c.AMQPURL == "" {
-			c.StreamURL = streamio.URLFromEnv()
-		} else if u, err := streamio.StreamURL(c.AMQPURL); err == nil {
-			c.StreamURL = u
+	defDur(&c.ReconnectMaxDelay, 30*time.Second)
+	defDur(&c.RetryBaseDelay, time.Second)
+	defDur(&c.RetryMaxDelay, 5*time.Minute)
+	if c.Queue != "" {
+		if c.DeadLetterQueue == "" {
+			c.DeadLetterQueue = c.Queue + ".dlq"
+		}
+		if c.RetryQueue == "" {
+			c.RetryQueue = c.Queue + ".retry"
 		}
 	}
+	defDur(&c.ShutdownTimeout, 30*time.Second)
 	c.Tables = c.Tables.WithDefaults()
 }
 
@@ -251,6 +276,24 @@ func (c *Config) validate() error {
 		return configError("Pool is required")
 	case c.BatchMaxWait < 0:
 		return configError("BatchMaxWait must not be negative")
+	case c.Queue != "" && c.Stream != "":
+		return configError("set Queue or Stream, not both")
+	case c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:
+		return configError("DeliveryLimit (%d) must exceed MaxCrashes + 1 (%d): idem must dead-letter a poison message before the broker does",
+			c.DeliveryLimit, c.MaxCrashes+1)
 	}
 	return c.Tables.Validate()
+}
+
+// sourceConfig is the queue source's part of the configuration.
+func (c *Config) sourceConfig() queuesource.Config {
+	return queuesource.Config{
+		Name: c.Name, AMQPURL: c.AMQPURL, ConnectionName: c.ConnectionName,
+		Queue: c.Queue, RetryQueue: c.RetryQueue, DeadLetterQueue: c.DeadLetterQueue, QueueType: c.QueueType,
+		Topology: queuesource.Topology(c.Topology), DeliveryLimit: c.DeliveryLimit, Prefetch: c.Prefetch,
+		Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,
+		MaxBufferedBytes: c.MaxBufferedBytes, ReconnectMaxDelay: c.ReconnectMaxDelay,
+		RetryBaseDelay: c.RetryBaseDelay, RetryMaxDelay: c.RetryMaxDelay,
+		CommitTimeout: c.CommitTimeout, ShutdownTimeout: c.ShutdownTimeout, Logger: c.Logger,
+	}
 }

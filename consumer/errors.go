@@ -3,24 +3,13 @@ package consumer
 import (
 	"errors"
 	"fmt"
-)
 
-// Dead-letter reasons the runtime sets itself. Handlers may use their own
-// reasons through DeadLetter.
-const (
-	ReasonPayloadConflict  = "payload_conflict"
-	ReasonMissingMessageID = "missing_message_id"
-	ReasonInvalidMessageID = "invalid_message_id"
-	ReasonDecodeError      = "decode_error"
-	ReasonPermanent        = "permanent"
-	ReasonMaxAttempts      = "max_attempts"
-	ReasonTooLarge         = "message_too_large"
-	ReasonTooManyHeaders   = "too_many_headers"
-	ReasonInvalidKey       = "invalid_business_key"
+	"github.com/idemkit/idem/deadletters"
 )
 
 // DeadLetterError marks a handler error that must not be retried: the
-// message is dead-lettered with Reason. Create it with Permanent or DeadLetter.
+// message is dead-lettered with Reason. Create it with Permanent or
+// DeadLetter. The runtime's own reasons are in package deadletters.
 type DeadLetterError struct {
 	// Reason is a short snake_case word stored with the dead letter.
 	Reason string
@@ -43,28 +32,27 @@ func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &DeadLetterError{Reason: ReasonPermanent, Err: err}
+	return &DeadLetterError{Reason: deadletters.ReasonPermanent, Err: err}
 }
 
 // DeadLetter returns an error that dead-letters the message with the given
 // reason (for instance "invalid_envelope").
 func DeadLetter(reason string, err error) error {
 	if reason == "" {
-		reason = ReasonPermanent
+		reason = deadletters.ReasonPermanent
 	}
 	return &DeadLetterError{Reason: reason, Err: err}
 }
 
 // deadLetterReason reports whether err asks for a dead letter, and why.
 func deadLetterReason(err error) (string, bool) {
-	var dl *DeadLetterError
-	if errors.As(err, &dl) {
+	if dl, ok := errors.AsType[*DeadLetterError](err); ok {
 		return dl.Reason, true
 	}
 	return "", false
 }
 
-// ErrConfig is returned (wrapped) by New for an unusable Config.
+// ErrConfig is returned (wrapped) by New and Run for an unusable Config.
 var ErrConfig = errors.New("consumer: invalid config")
 
 func configError(format string, args ...any) error {

@@ -82,7 +82,7 @@ func ExampleConsumer_Process() {
 		log.Fatal(err)
 	}
 	for _, o := range out {
-		fmt.Println(strings.TrimSpace(o.MessageID + " " + o.Result + " " + o.Reason))
+		fmt.Println(strings.TrimSpace(o.MessageID + " " + o.Result.String() + " " + o.Reason))
 	}
 	fmt.Println("handler runs:", runs)
 	// Output:

@@ -2,11 +2,7 @@ package consumer
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"log/slog"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 )
 
 // env is one test's real database schema, queue and broker channel.
@@ -28,24 +25,17 @@ type env struct {
 	queue  string
 	ch     *amqp.Channel
 	url    string
+	eff    *testrun.Effects
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
-	e := &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t), url: testbroker.URL()}
-	_, err := pool.Exec(context.Background(), fmt.Sprintf(
-		`CREATE TABLE %s.effects (message_id text NOT NULL, seq bigserial, note text NOT NULL DEFAULT '')`, tables.QuotedSchema()))
-	require.NoError(t, err)
-	return e
+	return &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t), url: testbroker.URL(),
+		eff: testrun.NewEffects(t, pool, tables)}
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEM_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testrun.Logger() }
 
 // config is a Config for the test with small delays.
 func (e *env) config() Config {
@@ -67,32 +57,13 @@ func (e *env) config() Config {
 // effectHandler records one row in effects per processed message: the
 // effect whose count must be exactly one per message id.
 func (e *env) effectHandler() Handler {
-	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
-		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.effects (message_id) VALUES ($1)`, e.tables.QuotedSchema()), m.ID)
-		return err
-	}
+	return func(ctx context.Context, tx pgx.Tx, m *Message) error { return e.eff.Insert(ctx, tx, m.ID) }
 }
 
 // start runs c until the test ends (or the returned stop is called).
 func start(t *testing.T, c *Consumer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(30 * time.Second):
-				t.Errorf("consumer did not stop within 30s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testrun.Start(t, c.Run)
 }
 
 func (e *env) newConsumer(h Handler, edit func(*Config)) *Consumer {
@@ -111,7 +82,7 @@ func (e *env) newConsumer(h Handler, edit func(*Config)) *Consumer {
 func (e *env) declare(edit func(*Config)) {
 	e.t.Helper()
 	c := e.newConsumer(e.effectHandler(), edit)
-	require.NoError(e.t, c.declare(e.ch))
+	require.NoError(e.t, c.Declare(context.Background()))
 }
 
 func (e *env) publish(id string, body string, headers amqp.Table) {
@@ -122,20 +93,7 @@ func (e *env) publish(id string, body string, headers amqp.Table) {
 }
 
 // effects returns the number of effect rows per message id.
-func (e *env) effects() map[string]int {
-	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), fmt.Sprintf(`SELECT message_id, count(*) FROM %s.effects GROUP BY 1`, e.tables.QuotedSchema()))
-	require.NoError(e.t, err)
-	out := map[string]int{}
-	for rows.Next() {
-		var id string
-		var n int
-		require.NoError(e.t, rows.Scan(&id, &n))
-		out[id] = n
-	}
-	require.NoError(e.t, rows.Err())
-	return out
-}
+func (e *env) effects() map[string]int { return e.eff.Counts() }
 
 func (e *env) count(sql string, args ...any) int {
 	e.t.Helper()
@@ -161,13 +119,7 @@ func (e *env) drain(q string) []amqp.Delivery {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testrun.WaitFor(t, timeout, what, cond)
 }
 
 // settled is how many messages c has finished with for good.

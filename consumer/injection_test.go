@@ -46,8 +46,8 @@ func TestHostileSchemaAndPrefixCannotInjectSQL(t *testing.T) {
 	})
 	out, err := c.Process(ctx, []Incoming{{MessageID: `'); DROP TABLE x; --`, Body: []byte(`{}`)}, {MessageID: "bad", Body: []byte(`{}`)}})
 	require.NoError(t, err)
-	require.Equal(t, "processed", out[0].Result)
-	require.Equal(t, "dead_lettered", out[1].Result)
+	require.Equal(t, "processed", out[0].Result.String())
+	require.Equal(t, "dead_lettered", out[1].Result.String())
 
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{canary}.Sanitize()).Scan(&n))

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
 )
 
@@ -137,17 +138,17 @@ func TestDeadLettersCarryReasonHeaderAndRow(t *testing.T) {
 	require.Len(t, dlq, 3)
 	reasons := map[string]amqp.Delivery{}
 	for _, d := range dlq {
-		reasons[d.Headers[headerReason].(string)] = d
+		reasons[d.Headers["x-idem-reason"].(string)] = d
 	}
-	require.Contains(t, reasons, ReasonPermanent)
-	require.Contains(t, reasons, ReasonMissingMessageID)
-	require.Contains(t, reasons, ReasonPayloadConflict)
-	perm := reasons[ReasonPermanent]
-	require.Equal(t, "test", perm.Headers[headerConsumer])
-	require.Equal(t, e.queue, perm.Headers[headerOriginalKey])
-	require.EqualValues(t, 1, perm.Headers[headerAttempts])
-	require.Contains(t, perm.Headers[headerError], "cannot ever work")
-	require.NotEmpty(t, reasons[ReasonPayloadConflict].Headers[headerStoredHash])
+	require.Contains(t, reasons, deadletters.ReasonPermanent)
+	require.Contains(t, reasons, deadletters.ReasonMissingMessageID)
+	require.Contains(t, reasons, deadletters.ReasonPayloadConflict)
+	perm := reasons[deadletters.ReasonPermanent]
+	require.Equal(t, "test", perm.Headers["x-idem-consumer"])
+	require.Equal(t, e.queue, perm.Headers["x-idem-original-routing-key"])
+	require.EqualValues(t, 1, perm.Headers["x-idem-attempts"])
+	require.Contains(t, perm.Headers["x-idem-error"], "cannot ever work")
+	require.NotEmpty(t, reasons[deadletters.ReasonPayloadConflict].Headers["x-idem-stored-hash"])
 
 	rows, err := e.pool.Query(context.Background(), `SELECT reason, message_id, error FROM `+e.tables.Table("dead_letters")+` ORDER BY reason`)
 	require.NoError(t, err)
@@ -157,10 +158,10 @@ func TestDeadLettersCarryReasonHeaderAndRow(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Len(t, got, 3)
-	require.Equal(t, ReasonMissingMessageID, got[0][0])
-	require.Equal(t, ReasonPayloadConflict, got[1][0])
+	require.Equal(t, deadletters.ReasonMissingMessageID, got[0][0])
+	require.Equal(t, deadletters.ReasonPayloadConflict, got[1][0])
 	require.Equal(t, "ok-1", got[1][1])
-	require.Equal(t, ReasonPermanent, got[2][0])
+	require.Equal(t, deadletters.ReasonPermanent, got[2][0])
 	require.Contains(t, got[2][2], "cannot ever work")
 	require.EqualValues(t, 1, c.Stats().Conflicts)
 }
@@ -184,8 +185,8 @@ func TestRetriesEndInMaxAttemptsDeadLetter(t *testing.T) {
 	require.EqualValues(t, 2, c.Stats().Retried)
 	dlq := e.drain(e.queue + ".dlq")
 	require.Len(t, dlq, 1)
-	require.Equal(t, ReasonMaxAttempts, dlq[0].Headers[headerReason])
-	require.EqualValues(t, 3, dlq[0].Headers[headerAttempts])
+	require.Equal(t, deadletters.ReasonMaxAttempts, dlq[0].Headers["x-idem-reason"])
+	require.EqualValues(t, 3, dlq[0].Headers["x-idem-attempts"])
 	require.Equal(t, "m-1", dlq[0].MessageId)
 }
 
@@ -224,7 +225,7 @@ func TestDecodeErrorIsDeadLettered(t *testing.T) {
 	waitFor(t, 20*time.Second, "both settled", func() bool { return settled(c) == 2 })
 	dlq := e.drain(e.queue + ".dlq")
 	require.Len(t, dlq, 1)
-	require.Equal(t, ReasonDecodeError, dlq[0].Headers[headerReason])
+	require.Equal(t, deadletters.ReasonDecodeError, dlq[0].Headers["x-idem-reason"])
 	require.Equal(t, map[string]int{"ok-1": 1}, e.effects())
 }
 
@@ -436,8 +437,8 @@ func TestHandlerThatSwallowsAFailedStatementDoesNotCommitOrStall(t *testing.T) {
 	require.Len(t, e.effects(), 10)
 	dlq := e.drain(e.queue + ".dlq")
 	require.Len(t, dlq, 1)
-	require.Equal(t, ReasonMaxAttempts, dlq[0].Headers[headerReason])
-	require.Contains(t, dlq[0].Headers[headerError], "aborted the transaction")
+	require.Equal(t, deadletters.ReasonMaxAttempts, dlq[0].Headers["x-idem-reason"])
+	require.Contains(t, dlq[0].Headers["x-idem-error"], "aborted the transaction")
 }
 
 func TestDeferredWritesCommitOnceAndTheirErrorsReachTheHandler(t *testing.T) {

@@ -10,13 +10,16 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 )
 
 // Handler processes one message inside the batch transaction tx. Its writes
 // commit together with the message's inbox row, or not at all. Returning nil
 // marks the message processed; Permanent or DeadLetter errors dead-letter it;
-// any other error (or a panic) retries it later. The handler must not commit
-// or roll back tx.
+// any other error (or a panic) retries it later. The runtime owns tx: its
+// Commit and Rollback fail, and so do statements that would end it (COMMIT,
+// ROLLBACK, SAVEPOINT…); a handler that tries anyway is dead-lettered with
+// reason "handler_ended_transaction". ctx carries the HandlerTimeout deadline.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler processes the new messages of one batch, in delivery order,
@@ -62,11 +65,6 @@ type Message struct {
 	// Incoming.ReceivedAt, or when Process was called. Now minus ReceivedAt
 	// is the time the message has spent inside idem.
 	ReceivedAt time.Time
-
-	// rawID is the message id property as received, republished as is.
-	rawID string
-	// deadLetter is set by preparation when the message cannot be processed.
-	deadLetter *DeadLetterError
 }
 
 // JSON adapts a handler that takes the decoded body. A body that does not
@@ -76,7 +74,7 @@ func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error)
 	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
 		var v T
 		if err := json.Unmarshal(m.Body, &v); err != nil {
-			return DeadLetter(ReasonDecodeError, err)
+			return DeadLetter(deadletters.ReasonDecodeError, err)
 		}
 		return fn(ctx, tx, m, v)
 	}
@@ -86,8 +84,8 @@ func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error)
 // message has none: it is dead-lettered with reason "missing_message_id".
 type IDFunc func(m *Message, messageID string) (string, error)
 
-// IDFromProperty uses the AMQP message-id property. It is the default.
-func IDFromProperty(_ *Message, messageID string) (string, error) { return messageID, nil }
+// idFromProperty uses the AMQP message-id property. It is the default.
+func idFromProperty(_ *Message, messageID string) (string, error) { return messageID, nil }
 
 // IDFromHeader uses the string header name.
 func IDFromHeader(name string) IDFunc {
@@ -138,8 +136,8 @@ func IDFromPayloadHash(m *Message, _ string) (string, error) {
 // HashFunc computes the payload hash stored in the inbox.
 type HashFunc func(body []byte) (idem.Hash, error)
 
-// HashRaw hashes the raw body bytes (SHA-256). It is the default.
-func HashRaw(body []byte) (idem.Hash, error) { return idem.HashBytes(body), nil }
+// hashRaw hashes the raw body bytes (SHA-256). It is the default.
+func hashRaw(body []byte) (idem.Hash, error) { return idem.HashBytes(body), nil }
 
 // HashCanonicalJSON hashes the canonical form of a JSON body, so a payload
 // that was re-serialised (keys reordered, whitespace, 1.0 vs 1) is not a

@@ -88,7 +88,7 @@ func TestBatchRunsInThePgBouncerQueryExecModes(t *testing.T) {
 				require.NoError(t, err)
 				var r []string
 				for _, o := range out {
-					r = append(r, o.Result)
+					r = append(r, o.Result.String())
 				}
 				return r
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/queuesource"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -53,5 +54,5 @@ func TestBrokerPasswordNeverAppearsInLogsOrErrors(t *testing.T) {
 	err = c.Declare(context.Background())
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cr3t-pa55")
-	require.Equal(t, "amqp://user:xxxxx@127.0.0.1:1/", redactURL("amqp://user:s3cr3t-pa55@127.0.0.1:1/"))
+	require.Equal(t, "amqp://user:xxxxx@127.0.0.1:1/", queuesource.RedactURL("amqp://user:s3cr3t-pa55@127.0.0.1:1/"))
 }

@@ -1,10 +1,7 @@
 package consumer
 
-import "sync/atomic"
-
 // Stats counts what a Consumer did since it was created. The same numbers
-// are exported as OpenTelemetry metrics; Stats is for health endpoints, logs
-// and tests.
+// are exported as OpenTelemetry metrics; Stats is for logs and tests.
 type Stats struct {
 	// Processed messages ran the handler and committed.
 	Processed int64
@@ -26,50 +23,40 @@ type Stats struct {
 	// Reconnects counts broker reconnects (queues) and stream reader
 	// restarts (streams).
 	Reconnects int64
+	// Contention counts batch transactions that conflicted with another over
+	// rows (lock timeout, deadlock, serialization failure) and were retried.
+	Contention int64
+	// AbandonedHandlers counts handlers that ignored their context past
+	// HandlerTimeout and were abandoned.
+	AbandonedHandlers int64
+	// BufferedBytes is what the consumer holds in memory of deliveries not
+	// yet settled (at most MaxBufferedBytes, or one larger message).
+	BufferedBytes int64
 	// StreamLag is the stream's sampled tail offset minus the checkpoint
 	// (stream consumers only).
 	StreamLag int64
 }
 
-type counters struct {
-	processed, duplicates, conflicts, deadLettered, retried, unresolved, acksDropped, batches, reconnects atomic.Int64
-}
-
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
-	k := &c.counts
-	lag, _ := c.lag()
-	return Stats{
-		Processed:    k.processed.Load(),
-		Duplicates:   k.duplicates.Load(),
-		Conflicts:    k.conflicts.Load(),
-		DeadLettered: k.deadLettered.Load(),
-		Retried:      k.retried.Load(),
-		Unresolved:   k.unresolved.Load(),
-		AcksDropped:  k.acksDropped.Load(),
-		Batches:      k.batches.Load(),
-		Reconnects:   k.reconnects.Load(),
-		StreamLag:    lag,
+	k := &c.eng.Counts
+	lag, _ := c.lag.Value()
+	s := Stats{
+		Processed:         k.Processed.Load(),
+		Duplicates:        k.Duplicates.Load(),
+		Conflicts:         k.Conflicts.Load(),
+		DeadLettered:      k.DeadLettered.Load(),
+		Retried:           k.Retried.Load(),
+		Unresolved:        k.Unresolved.Load(),
+		AcksDropped:       k.AcksDropped.Load(),
+		Batches:           k.Batches.Load(),
+		Reconnects:        k.Reconnects.Load(),
+		Contention:        k.Contention.Load(),
+		AbandonedHandlers: k.Abandoned.Load(),
+		StreamLag:         lag,
 	}
-}
-
-// count adds one batch's outcomes to the counters.
-func (k *counters) count(results []result) {
-	for _, r := range results {
-		switch r.outcome {
-		case outcomeProcessed:
-			k.processed.Add(1)
-		case outcomeDuplicate:
-			k.duplicates.Add(1)
-		case outcomeDeadLettered:
-			if r.reason == ReasonPayloadConflict {
-				k.conflicts.Add(1)
-			}
-			k.deadLettered.Add(1)
-		case outcomeRetry:
-			k.retried.Add(1)
-		case outcomeUnresolved:
-			k.unresolved.Add(1)
-		}
+	if c.src != nil {
+		s.BufferedBytes = c.src.BufferedBytes()
 	}
+	return s
 }

@@ -60,9 +60,14 @@ JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message
 const unclaimSQL = `DELETE FROM %[1]s
 WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
 
+// unclaimBatchSQL is unclaimSQL for many ids at once.
+const unclaimBatchSQL = `DELETE FROM %[1]s
+WHERE consumer = $1 AND message_id = ANY($2::text[]) AND xmin = pg_current_xact_id()::xid`
+
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
 	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
+	unclaimBatch                                                        string
 	lookup, stats, cutoff, cleanup, cleanupConsumer                     string
 }
 
@@ -75,6 +80,7 @@ func newStatements(table string) statements {
 		claimNewBatch:   f(claimNewBatchSQL),
 		storedHashes:    f(storedHashesSQL),
 		unclaim:         f(unclaimSQL),
+		unclaimBatch:    f(unclaimBatchSQL),
 		lookup:          f(lookupSQL),
 		stats:           f(statsSQL),
 		cutoff:          cutoffSQL,
@@ -336,4 +342,20 @@ func (ib *Inbox) Unclaim(ctx context.Context, tx pgx.Tx, consumer, messageID str
 		return fmt.Errorf("inbox: unclaim %q for consumer %q: %w", messageID, consumer, ErrNotClaimed)
 	}
 	return nil
+}
+
+// UnclaimBatch is Unclaim for many ids in one statement: it deletes the rows
+// tx itself inserted for them and returns how many it deleted. An id tx did
+// not claim is left alone (and not counted), never an error.
+func (ib *Inbox) UnclaimBatch(ctx context.Context, tx pgx.Tx, consumer string, messageIDs []string) (int64, error) {
+	for i, id := range messageIDs {
+		if err := ib.validateKey(i, consumer, id); err != nil {
+			return 0, err
+		}
+	}
+	tag, err := tx.Exec(ctx, ib.sql.unclaimBatch, consumer, messageIDs)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: unclaim %d messages: %w", len(messageIDs), err)
+	}
+	return tag.RowsAffected(), nil
 }

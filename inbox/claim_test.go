@@ -403,6 +403,28 @@ func TestUnclaimNeverDeletesAnEarlierTransactionsClaim(t *testing.T) {
 	require.Equal(t, inbox.Duplicate, claimCommitted(t, pool, ib, c).Decision)
 }
 
+func TestUnclaimBatchDeletesOnlyThisTransactionsClaims(t *testing.T) {
+	t.Parallel()
+	pool, ib, _ := setup(t)
+	ctx := t.Context()
+	done := inbox.Claim{Consumer: "c", MessageID: "done", PayloadHash: hash("a")}
+	claimCommitted(t, pool, ib, done)
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ib.ClaimBatch(ctx, tx, []inbox.Claim{done,
+			{Consumer: "c", MessageID: "new-1", PayloadHash: hash("b")},
+			{Consumer: "c", MessageID: "new-2", PayloadHash: hash("c")}})
+		require.NoError(t, err)
+		n, err := ib.UnclaimBatch(ctx, tx, "c", []string{"done", "new-1", "new-2", "never-claimed"})
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n, "only the two rows this transaction inserted")
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, claimCommitted(t, pool, ib, done).Decision, "an earlier commit stays")
+	require.Equal(t, inbox.NewMessage, claimCommitted(t, pool, ib, inbox.Claim{Consumer: "c", MessageID: "new-1", PayloadHash: hash("b")}).Decision)
+}
+
 func TestInvalidClaimsAreRejectedBeforeAnythingIsSent(t *testing.T) {
 	t.Parallel()
 	pool, _, tables := setup(t)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/replay"
 )
 
@@ -67,7 +68,7 @@ func ExampleMain() {
 	if len(args) > 0 && args[0] == "replay" {
 		err = replay.Main(ctx, c, args[1:], replay.Command{})
 	} else {
-		err = c.Run(ctx)
+		err = stream.Run(ctx, c)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -45,7 +45,7 @@ func TestForensicReplayWritesNothingAndReportsEachMessage(t *testing.T) {
 	outs, err := c.Process(ctx, live)
 	require.NoError(t, err)
 	for _, o := range outs {
-		require.Equal(t, "processed", o.Result)
+		require.Equal(t, consumer.Processed, o.Result)
 	}
 	e.publish(msgs(0, 6)...) // m-4 conflicts, m-5 is not processed
 	e.publish(

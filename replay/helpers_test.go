@@ -18,6 +18,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/ledger"
@@ -182,7 +184,7 @@ func (e *env) runLive(c *consumer.Consumer, last int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	go func() { done <- stream.Run(ctx, c) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for e.checkpoint("test") != last {
 		if time.Now().After(deadline) {
@@ -203,7 +205,7 @@ func (e *env) runLive(c *consumer.Consumer, last int64) {
 // checkpoint returns scope's checkpoint of the stream, -1 for none.
 func (e *env) checkpoint(scope string) int64 {
 	e.t.Helper()
-	last, ok, err := consumer.Checkpoint(context.Background(), e.pool, e.tables, scope, e.stream)
+	last, ok, err := store.Checkpoint(context.Background(), e.pool, e.tables, scope, e.stream)
 	require.NoError(e.t, err)
 	if !ok {
 		return -1

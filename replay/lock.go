@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/pglock"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // lockStream takes the live consumer's stream lock for the whole rebuild,
 // so that live reading pauses. Without Options.Wait it fails with
 // ErrLiveWorker while a live worker holds the lock.
 func (r *runner) lockStream(ctx context.Context) (*pglock.Lock, error) {
-	key := r.c.StreamLockKey()
+	key := store.StreamLockKey(r.tables, r.cfg.Name, r.o.Stream)
 	cfg := pglock.Config{Logger: r.log, PollInterval: 250 * time.Millisecond}
 	if r.o.Wait {
 		r.log.Info("waiting for the live workers to release the stream lock", "lock_key", key)

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/pglock"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
 )
@@ -144,7 +145,7 @@ func TestRebuildFailsFastWhileALiveWorkerHoldsTheStreamLock(t *testing.T) {
 	ctx := context.Background()
 	e.publish(msgs(0, 10)...)
 	c := e.consumer(nil, nil)
-	lock, err := pglock.Acquire(ctx, e.pool, c.StreamLockKey(), pglock.Config{Logger: testLogger()})
+	lock, err := pglock.Acquire(ctx, e.pool, store.StreamLockKey(e.tables, c.Config().Name, c.Config().Stream), pglock.Config{Logger: testLogger()})
 	require.NoError(t, err)
 	_, err = Run(ctx, c, Options{Mode: idem.Rebuild, Reset: e.reset})
 	require.ErrorIs(t, err, ErrLiveWorker)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -91,24 +93,26 @@ func newReporter(w io.Writer) *reporter {
 	return &reporter{enc: enc}
 }
 
-var inboxStates = map[string]string{"new": "not-processed", "duplicate": "processed-same-hash", "conflict": "conflict", "": "invalid"}
+var inboxStates = map[inbox.Decision]string{inbox.NewMessage: "not-processed", inbox.Duplicate: "processed-same-hash",
+	inbox.Conflict: "conflict", 0: "invalid"}
 
-func (p *reporter) message(o consumer.Outcome, effects []ledger.Entry) error {
+func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.Entry) error {
 	if p.enc == nil {
 		return nil
 	}
+	m := message(it)
 	line := ReportLine{
-		Kind: "message", Offset: o.Offset, MessageID: o.MessageID, BusinessKey: o.BusinessKey,
-		PayloadHash: o.Hash.String(), Inbox: inboxStates[o.Inbox], Outcome: "ok", Effects: []ReportEffect{},
+		Kind: "message", Offset: it.Offset, MessageID: m.ID, BusinessKey: m.BusinessKey,
+		PayloadHash: m.Hash.String(), Inbox: inboxStates[res.Inbox], Outcome: "ok", Effects: []ReportEffect{},
 	}
-	if o.Inbox == "conflict" {
-		line.StoredHash = o.StoredHash.String()
+	if res.Inbox == inbox.Conflict {
+		line.StoredHash = res.StoredHash.String()
 	}
-	switch o.Result {
-	case "retried":
-		line.Outcome, line.Error = "error", errorText(o.Err)
-	case "dead_lettered":
-		line.Outcome, line.Reason, line.Error = "dead_letter", o.Reason, errorText(o.Err)
+	switch res.Outcome {
+	case engine.Retry:
+		line.Outcome, line.Error = "error", safetext.Error(res.Err)
+	case engine.DeadLettered:
+		line.Outcome, line.Reason, line.Error = "dead_letter", res.Reason, safetext.Error(res.Err)
 	}
 	for _, e := range effects {
 		line.Effects = append(line.Effects, ReportEffect{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey,

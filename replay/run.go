@@ -14,6 +14,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/seam"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
 )
@@ -77,7 +80,7 @@ func (s Summary) Findings() bool { return s.Conflicts > 0 || s.HandlerErrors > 0
 
 // runner is the state of one Run call.
 type runner struct {
-	c      *consumer.Consumer
+	sc     seam.Consumer
 	cfg    consumer.Config
 	o      Options
 	pool   *pgxpool.Pool
@@ -118,7 +121,7 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 	if o.Mode == idem.Rebuild && o.Stream != cfg.Stream {
 		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", cfg.Stream, o.Stream)
 	}
-	uri, err := streamURL(cfg)
+	uri, err := stream.URL(cfg)
 	if err != nil {
 		return Summary{}, err
 	}
@@ -127,8 +130,9 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
 	defer env.Close()
+	sc, _ := seam.Of(c)
 	r := &runner{
-		c: c, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		sc: sc, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
 		log: o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
 		sum: Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
 	}
@@ -140,18 +144,6 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 		err = fmt.Errorf("%w: %d conflicts, %d handler errors", ErrFindings, r.sum.Conflicts, r.sum.HandlerErrors)
 	}
 	return r.sum, err
-}
-
-// streamURL is the consumer's stream URL, or one derived like Config does.
-func streamURL(cfg consumer.Config) (string, error) {
-	switch {
-	case cfg.StreamURL != "":
-		return cfg.StreamURL, nil
-	case cfg.AMQPURL != "":
-		return streamio.StreamURL(cfg.AMQPURL)
-	default:
-		return streamio.URLFromEnv(), nil
-	}
 }
 
 func (r *runner) run(ctx context.Context) error {
@@ -317,7 +309,7 @@ func (r *runner) resume(ctx context.Context, row *run) (Position, error) {
 	if r.o.To.kind != posTime {
 		r.o.To = Offset(row.end)
 	}
-	last, ok, err := consumer.Checkpoint(ctx, r.pool, r.tables, runScope(r.cfg.Name, row.id), row.stream)
+	last, ok, err := store.Checkpoint(ctx, r.pool, r.tables, runScope(r.cfg.Name, row.id), row.stream)
 	if err != nil {
 		return Position{}, err
 	}
@@ -350,7 +342,7 @@ func mustParse(s string) Position {
 
 // liveCheckpoint returns the live consumer's checkpoint, -1 for none.
 func (r *runner) liveCheckpoint(ctx context.Context) (int64, error) {
-	last, ok, err := consumer.Checkpoint(ctx, r.pool, r.tables, r.cfg.Name, r.o.Stream)
+	last, ok, err := store.Checkpoint(ctx, r.pool, r.tables, r.cfg.Name, r.o.Stream)
 	if err != nil || !ok {
 		return -1, err
 	}
@@ -409,7 +401,7 @@ func (r *runner) finish(ctx context.Context) error {
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if r.row.live != nil && r.row.end >= 0 {
 			handoff = ptr(r.row.end)
-			if err := consumer.MoveCheckpoint(ctx, tx, r.tables, r.cfg.Name, r.row.stream, r.row.end); err != nil {
+			if err := store.MoveCheckpoint(ctx, tx, r.tables, r.cfg.Name, r.row.stream, r.row.end); err != nil {
 				return err
 			}
 		}

@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/safetext"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemkit/idem/consumer"
 )
 
 // run is a row of the replay_runs table: what a run fixed when it started.
@@ -79,28 +79,31 @@ SELECT $1, $2, $3, t.stream_offset, t.message_id, NULLIF(t.business_key, ''), t.
 FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[])
 	AS t(stream_offset, message_id, business_key, payload_hash, inbox, outcome, error)`
 
-// maxAuditError bounds the error text kept per audit row.
-const maxAuditError = 4096
-
-// audit writes an audit row for each settled, selected message of outs.
-func (r *runner) audit(ctx context.Context, tx pgx.Tx, outs []consumer.Outcome) error {
+// audit writes an audit row for each settled, selected message of the batch.
+func (r *runner) audit(ctx context.Context, tx pgx.Tx, items []*engine.Item, res []engine.Result) error {
 	var (
 		offsets                                []int64
 		ids, keys, inboxes, results, errorsTxt []string
 		hashes                                 [][]byte
 	)
-	for _, o := range outs {
-		if o.Result != "processed" && o.Result != "dead_lettered" {
+	for i, it := range items {
+		o := res[i]
+		if o.Outcome != engine.Processed && o.Outcome != engine.DeadLettered {
 			continue // skipped (not selected) or retried (audited when settled)
 		}
-		h := o.Hash
-		offsets = append(offsets, o.Offset)
-		ids = append(ids, o.MessageID)
-		keys = append(keys, o.BusinessKey)
+		m := message(it)
+		h := m.Hash
+		offsets = append(offsets, it.Offset)
+		ids = append(ids, m.ID)
+		keys = append(keys, m.BusinessKey)
 		hashes = append(hashes, h[:])
-		inboxes = append(inboxes, o.Inbox)
-		results = append(results, o.Result)
-		errorsTxt = append(errorsTxt, truncate(errorText(o.Err), maxAuditError))
+		inbox := ""
+		if o.Inbox != 0 {
+			inbox = o.Inbox.String()
+		}
+		inboxes = append(inboxes, inbox)
+		results = append(results, o.Outcome.String())
+		errorsTxt = append(errorsTxt, safetext.Error(o.Err))
 	}
 	if len(ids) == 0 {
 		return nil
@@ -135,20 +138,6 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
-}
-
-func errorText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
 
 // ptr returns a pointer to a copy of v.

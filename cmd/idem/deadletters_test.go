@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -30,12 +31,12 @@ func TestDeadLettersListShowsReasonAndFilters(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "m-1")
 	require.Contains(t, out, "card expired")
-	require.Contains(t, out, consumer.ReasonMissingMessageID)
+	require.Contains(t, out, deadletters.ReasonMissingMessageID)
 
-	out, stderr, code = runInboxCmd(t, tables, "deadletters", "list", "--reason", consumer.ReasonPermanent)
+	out, stderr, code = runInboxCmd(t, tables, "deadletters", "list", "--reason", deadletters.ReasonPermanent)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "m-1")
-	require.NotContains(t, out, consumer.ReasonMissingMessageID)
+	require.NotContains(t, out, deadletters.ReasonMissingMessageID)
 
 	_, _, code = runInboxCmd(t, tables, "deadletters")
 	require.Equal(t, 2, code)

@@ -3,12 +3,21 @@
 // messages delivered as one batch (duplicates included) through the same
 // pipeline the runtime uses, and assertions on what became of each.
 //
-//	pool := … // your test database
-//	tables := consumertest.Schema(t, pool)
-//	c, _ := consumer.New(consumer.Config{Name: "billing", Pool: pool, Tables: tables})
-//	c.Handle(myHandler)
-//	out := consumertest.Deliver(t, c, consumertest.JSON("m-1", deposit)...)
-//	consumertest.RequireProcessed(t, out, "m-1")
+//	func TestDepositAppliesOnce(t *testing.T) {
+//		pool := testPool(t) // your test database
+//		tables := consumertest.Schema(t, pool)
+//		c, err := consumer.New(consumer.Config{Name: "billing", Pool: pool, Tables: tables})
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		c.Handle(applyDeposit)
+//		m := consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: 5})
+//		out := consumertest.Deliver(t, c, consumertest.Times(3, m)...)
+//		consumertest.RequireProcessed(t, out, "m-1")
+//		consumertest.RequireDuplicates(t, out, "m-1", 2)
+//	}
+//
+// The example in this package's tests is the same code, compiled.
 package consumertest
 
 import (
@@ -50,13 +59,13 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) idem.Tables {
 	return tables
 }
 
-// Message returns a message with id and raw body.
-func Message(id string, body []byte) consumer.Incoming {
+// Incoming returns a message with id and raw body.
+func Incoming(id string, body []byte) consumer.Incoming {
 	return consumer.Incoming{MessageID: id, Body: body}
 }
 
-// JSON returns a message with id and v encoded as its JSON body.
-func JSON(id string, v any) consumer.Incoming {
+// IncomingJSON returns a message with id and v encoded as its JSON body.
+func IncomingJSON(id string, v any) consumer.Incoming {
 	body, err := json.Marshal(v)
 	if err != nil {
 		panic("consumertest: encode message body: " + err.Error())
@@ -97,8 +106,8 @@ func DeliverEach(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Incoming)
 }
 
 // Results returns how many outcomes ended with each result.
-func Results(out []consumer.Outcome) map[string]int {
-	m := map[string]int{}
+func Results(out []consumer.Outcome) map[consumer.Result]int {
+	m := map[consumer.Result]int{}
 	for _, o := range out {
 		m[o.Result]++
 	}
@@ -106,32 +115,34 @@ func Results(out []consumer.Outcome) map[string]int {
 }
 
 // RequireProcessed fails the test unless exactly one outcome for id is
-// "processed": the handler's effect happened once.
+// consumer.Processed: the handler's effect happened once.
 func RequireProcessed(tb testing.TB, out []consumer.Outcome, id string) {
 	tb.Helper()
-	if n := count(out, id, "processed", ""); n != 1 {
+	if n := count(out, id, consumer.Processed, ""); n != 1 {
 		tb.Fatalf("consumertest: message %q processed %d times, want once; outcomes: %s", id, n, describe(out))
 	}
 }
 
-// RequireDuplicates fails the test unless n outcomes for id are "duplicate".
+// RequireDuplicates fails the test unless n outcomes for id are
+// consumer.Duplicate.
 func RequireDuplicates(tb testing.TB, out []consumer.Outcome, id string, n int) {
 	tb.Helper()
-	if got := count(out, id, "duplicate", ""); got != n {
+	if got := count(out, id, consumer.Duplicate, ""); got != n {
 		tb.Fatalf("consumertest: message %q had %d duplicates, want %d; outcomes: %s", id, got, n, describe(out))
 	}
 }
 
 // RequireDeadLettered fails the test unless some outcome for id is
-// "dead_lettered" with reason.
+// consumer.DeadLettered with reason (see package deadletters for the
+// runtime's reasons).
 func RequireDeadLettered(tb testing.TB, out []consumer.Outcome, id, reason string) {
 	tb.Helper()
-	if count(out, id, "dead_lettered", reason) == 0 {
+	if count(out, id, consumer.DeadLettered, reason) == 0 {
 		tb.Fatalf("consumertest: message %q not dead-lettered with reason %q; outcomes: %s", id, reason, describe(out))
 	}
 }
 
-func count(out []consumer.Outcome, id, result, reason string) int {
+func count(out []consumer.Outcome, id string, result consumer.Result, reason string) int {
 	n := 0
 	for _, o := range out {
 		if o.MessageID == id && o.Result == result && (reason == "" || o.Reason == reason) {
@@ -145,7 +156,7 @@ func describe(out []consumer.Outcome) string {
 	b, _ := json.Marshal(func() []map[string]string {
 		var rows []map[string]string
 		for _, o := range out {
-			row := map[string]string{"id": o.MessageID, "result": o.Result}
+			row := map[string]string{"id": o.MessageID, "result": o.Result.String()}
 			if o.Reason != "" {
 				row["reason"] = o.Reason
 			}

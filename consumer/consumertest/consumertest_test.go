@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -45,10 +46,10 @@ func newDepositConsumer(t *testing.T) (*consumer.Consumer, func() int64) {
 func TestDeliverTimesAppliesOnce(t *testing.T) {
 	t.Parallel()
 	c, balance := newDepositConsumer(t)
-	out := consumertest.Deliver(t, c, consumertest.Times(3, consumertest.JSON("m-1", deposit{"A1", 5}))...)
+	out := consumertest.Deliver(t, c, consumertest.Times(3, consumertest.IncomingJSON("m-1", deposit{"A1", 5}))...)
 	consumertest.RequireProcessed(t, out, "m-1")
 	consumertest.RequireDuplicates(t, out, "m-1", 2)
-	out = consumertest.DeliverEach(t, c, consumertest.JSON("m-1", deposit{"A1", 5}))
+	out = consumertest.DeliverEach(t, c, consumertest.IncomingJSON("m-1", deposit{"A1", 5}))
 	consumertest.RequireDuplicates(t, out, "m-1", 1)
 	require.EqualValues(t, 5, balance())
 }
@@ -57,17 +58,17 @@ func TestDeliverReportsDeadLetters(t *testing.T) {
 	t.Parallel()
 	c, balance := newDepositConsumer(t)
 	out := consumertest.DeliverEach(t, c,
-		consumertest.JSON("m-1", deposit{"A1", 5}),
-		consumertest.JSON("m-1", deposit{"A1", 6}),
-		consumertest.Message("m-2", []byte(`{not json`)),
-		consumertest.JSON("m-3", deposit{"A1", -1}),
-		consumertest.JSON("", deposit{"A1", 1}),
+		consumertest.IncomingJSON("m-1", deposit{"A1", 5}),
+		consumertest.IncomingJSON("m-1", deposit{"A1", 6}),
+		consumertest.Incoming("m-2", []byte(`{not json`)),
+		consumertest.IncomingJSON("m-3", deposit{"A1", -1}),
+		consumertest.IncomingJSON("", deposit{"A1", 1}),
 	)
 	consumertest.RequireProcessed(t, out, "m-1")
-	consumertest.RequireDeadLettered(t, out, "m-1", consumer.ReasonPayloadConflict)
-	consumertest.RequireDeadLettered(t, out, "m-2", consumer.ReasonDecodeError)
-	consumertest.RequireDeadLettered(t, out, "m-3", consumer.ReasonPermanent)
-	consumertest.RequireDeadLettered(t, out, "", consumer.ReasonMissingMessageID)
-	require.Equal(t, map[string]int{"processed": 1, "dead_lettered": 4}, consumertest.Results(out))
+	consumertest.RequireDeadLettered(t, out, "m-1", deadletters.ReasonPayloadConflict)
+	consumertest.RequireDeadLettered(t, out, "m-2", deadletters.ReasonDecodeError)
+	consumertest.RequireDeadLettered(t, out, "m-3", deadletters.ReasonPermanent)
+	consumertest.RequireDeadLettered(t, out, "", deadletters.ReasonMissingMessageID)
+	require.Equal(t, map[consumer.Result]int{consumer.Processed: 1, consumer.DeadLettered: 4}, consumertest.Results(out))
 	require.EqualValues(t, 5, balance())
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/ledger"
@@ -138,7 +139,7 @@ func (e *testEnv) requireProjection(sent []streamio.Outgoing) {
 
 func (e *testEnv) checkpoint() int64 {
 	e.t.Helper()
-	last, ok, err := consumer.Checkpoint(context.Background(), e.pool, idem.Tables{Schema: e.o.schema}, consumerName, e.o.stream)
+	last, ok, err := store.Checkpoint(context.Background(), e.pool, idem.Tables{Schema: e.o.schema}, consumerName, e.o.stream)
 	require.NoError(e.t, err)
 	if !ok {
 		return -1

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -60,7 +61,7 @@ func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.C
 		dispatchErr = d.Run(ctx)
 		cancel()
 	})
-	err = c.Run(ctx)
+	err = stream.Run(ctx, c)
 	cancel()
 	wg.Wait()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 )
 
@@ -75,4 +76,19 @@ func idString(id any) string {
 	default:
 		return fmt.Sprint(v)
 	}
+}
+
+// Raws turns records of stream into the engine's raw messages, each
+// received at received.
+func Raws(stream string, recs []Record, received time.Time) []engine.Raw {
+	raws := make([]engine.Raw, len(recs))
+	for i, r := range recs {
+		raws[i] = engine.Raw{
+			MessageID: r.MessageID, Body: r.Body, Headers: r.ApplicationProperties,
+			ContentType: r.Properties.ContentType, CorrelationID: r.Properties.CorrelationID,
+			Source: stream, Offset: r.Offset, HasOffset: true, Timestamp: r.Timestamp, Attempt: 1,
+			ReceivedAt: received,
+		}
+	}
+	return raws
 }

@@ -9,7 +9,7 @@
 // every valid message took effect exactly once and every bad one is in the
 // dead letters with its reason, prints a table and exits non-zero on FAIL.
 //
-//	go run ./examples/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
+//	go run ./internal/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
 //	                       [-faults kill,connections,backends,dispatcher,gateway] [-fault-every 4s]
 //	                       [-duration-cap 2m] [-examples quickstart,payments,orders] [-seed N] [-json FILE]
 //

@@ -1,4 +1,4 @@
-package consumer
+package stream_test
 
 import (
 	"context"
@@ -11,11 +11,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 )
 
 func TestMain(m *testing.M) {
@@ -46,22 +52,62 @@ func newStream(t *testing.T) (string, func(from, to int)) {
 	return name, publish
 }
 
-func (e *env) streamConsumer(stream string, h Handler, edit func(*Config)) *Consumer {
-	return e.newConsumer(h, func(cfg *Config) {
-		cfg.Queue = ""
-		cfg.Stream = stream
-		if edit != nil {
-			edit(cfg)
-		}
-	})
+// env is one test's schema, stream consumer configuration and effects.
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	tables idem.Tables
+	eff    *testrun.Effects
 }
 
-func (e *env) checkpoint(stream string) int64 {
-	last, ok, err := Checkpoint(context.Background(), e.pool, e.tables, "test", stream)
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	pool, tables := testdb.Schema(t)
+	return &env{t: t, pool: pool, tables: tables, eff: testrun.NewEffects(t, pool, tables)}
+}
+
+func (e *env) effectHandler() consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return e.eff.Insert(ctx, tx, m.ID) }
+}
+
+func (e *env) effects() map[string]int { return e.eff.Counts() }
+
+func (e *env) count(sql string) int {
+	var n int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(), sql).Scan(&n))
+	return n
+}
+
+func (e *env) streamConsumer(name string, h consumer.Handler, edit func(*consumer.Config)) *consumer.Consumer {
+	e.t.Helper()
+	cfg := consumer.Config{Name: "test", Pool: e.pool, Tables: e.tables, Stream: name, Logger: testrun.Logger(),
+		AMQPURL: testbroker.URL(), RetryBaseDelay: 20 * time.Millisecond, RetryMaxDelay: 100 * time.Millisecond,
+		ReconnectMaxDelay: 500 * time.Millisecond, ShutdownTimeout: 10 * time.Second}
+	if edit != nil {
+		edit(&cfg)
+	}
+	c, err := consumer.New(cfg)
 	require.NoError(e.t, err)
-	if !ok {
+	c.Handle(h)
+	return c
+}
+
+func start(t *testing.T, c *consumer.Consumer) func() {
+	return testrun.Start(t, func(ctx context.Context) error { return stream.Run(ctx, c) })
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	testrun.WaitFor(t, d, what, cond)
+}
+
+func (e *env) checkpoint(name string) int64 {
+	var last int64
+	err := e.pool.QueryRow(context.Background(), `SELECT last_offset FROM `+e.tables.Table("checkpoints")+
+		` WHERE consumer = 'test' AND stream = $1`, name).Scan(&last)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return -1
 	}
+	require.NoError(e.t, err)
 	return last
 }
 
@@ -96,16 +142,16 @@ func TestStreamHandlerErrorRetriesInPlaceWithoutPassingTheCheckpoint(t *testing.
 	stream, publish := newStream(t)
 	publish(0, 20)
 	var fails atomic.Int32
-	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.ID == "m-10" && fails.Add(1) <= 2 {
 			return errors.New("not yet")
 		}
 		if m.ID == "m-15" {
-			return Permanent(errors.New("never"))
+			return consumer.Permanent(errors.New("never"))
 		}
 		return e.effectHandler()(ctx, tx, m)
 	}
-	c := e.streamConsumer(stream, h, func(cfg *Config) { cfg.RetryBaseDelay = 200 * time.Millisecond })
+	c := e.streamConsumer(stream, h, func(cfg *consumer.Config) { cfg.RetryBaseDelay = 200 * time.Millisecond })
 	start(t, c)
 	waitFor(t, 10*time.Second, "first attempt failed", func() bool { return fails.Load() >= 1 })
 	if fails.Load() < 3 {
@@ -150,7 +196,7 @@ func TestStreamReaderBacksOffFromScratchAfterAWorkingSession(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	stream, publish := newStream(t)
-	c := e.streamConsumer(stream, e.effectHandler(), func(cfg *Config) { cfg.ReconnectMaxDelay = 20 * time.Second })
+	c := e.streamConsumer(stream, e.effectHandler(), func(cfg *consumer.Config) { cfg.ReconnectMaxDelay = 20 * time.Second })
 	start(t, c)
 	publish(0, 10)
 	waitFor(t, 20*time.Second, "first batch", func() bool { return e.checkpoint(stream) == 9 })
@@ -158,7 +204,7 @@ func TestStreamReaderBacksOffFromScratchAfterAWorkingSession(t *testing.T) {
 	// session that had committed, so the delay before reading again stays
 	// short instead of doubling towards ReconnectMaxDelay.
 	for round := 1; round <= 9; round++ {
-		key := uint64(pglock.Key(c.StreamLockKey()))
+		key := uint64(pglock.Key("idem/stream/" + e.tables.Schema + "/test/" + stream))
 		waitFor(t, 10*time.Second, "the reader's lock session terminated", func() bool {
 			var n int
 			require.NoError(t, e.pool.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks

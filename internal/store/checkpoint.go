@@ -1,4 +1,6 @@
-package consumer
+// Package store holds the runtime's small SQL helpers that several internal
+// packages share: stream checkpoints and the stream reader's lock key.
+package store
 
 import (
 	"context"
@@ -11,12 +13,12 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Querier is what reading a checkpoint needs: a pool, a connection or a tx.
+// Querier reads: a pool, a connection or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Execer is what writing a checkpoint needs: a transaction, usually.
+// Execer writes: a transaction, usually.
 type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
@@ -30,7 +32,7 @@ func Checkpoint(ctx context.Context, q Querier, tables idem.Tables, scope, strea
 		return 0, false, nil
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("consumer: read checkpoint %s/%s: %w", scope, stream, err)
+		return 0, false, fmt.Errorf("store: read checkpoint %s/%s: %w", scope, stream, err)
 	}
 	return last, true, nil
 }
@@ -40,26 +42,30 @@ func Checkpoint(ctx context.Context, q Querier, tables idem.Tables, scope, strea
 // backwards: a reader that lost its lock and commits late cannot undo the
 // progress of the one that took over.
 func AdvanceCheckpoint(ctx context.Context, tx Execer, tables idem.Tables, scope, stream string, offset int64) error {
-	t := tables.Table("checkpoints")
-	_, err := tx.Exec(ctx, `INSERT INTO `+t+` AS c (consumer, stream, last_offset) VALUES ($1, $2, $3)
+	_, err := tx.Exec(ctx, `INSERT INTO `+tables.Table("checkpoints")+` AS c (consumer, stream, last_offset) VALUES ($1, $2, $3)
 		ON CONFLICT (consumer, stream) DO UPDATE
 		SET last_offset = greatest(c.last_offset, EXCLUDED.last_offset), updated_at = now()`, scope, stream, offset)
 	if err != nil {
-		return fmt.Errorf("consumer: advance checkpoint %s/%s to %d: %w", scope, stream, offset, err)
+		return fmt.Errorf("store: advance checkpoint %s/%s to %d: %w", scope, stream, offset, err)
 	}
 	return nil
 }
 
 // MoveCheckpoint sets the scope's checkpoint of stream to offset, forwards
-// or backwards. A rebuild replay uses it to hand the live consumer over at
-// the offset where the rebuild ended.
+// or backwards. A rebuild hands the live consumer over with it.
 func MoveCheckpoint(ctx context.Context, tx Execer, tables idem.Tables, scope, stream string, offset int64) error {
-	t := tables.Table("checkpoints")
-	_, err := tx.Exec(ctx, `INSERT INTO `+t+` AS c (consumer, stream, last_offset) VALUES ($1, $2, $3)
+	_, err := tx.Exec(ctx, `INSERT INTO `+tables.Table("checkpoints")+` AS c (consumer, stream, last_offset) VALUES ($1, $2, $3)
 		ON CONFLICT (consumer, stream) DO UPDATE SET last_offset = EXCLUDED.last_offset, updated_at = now()`,
 		scope, stream, offset)
 	if err != nil {
-		return fmt.Errorf("consumer: move checkpoint %s/%s to %d: %w", scope, stream, offset, err)
+		return fmt.Errorf("store: move checkpoint %s/%s to %d: %w", scope, stream, offset, err)
 	}
 	return nil
+}
+
+// StreamLockKey is the advisory lock that makes one process the active
+// reader of a consumer's stream; the others wait as hot standbys. A rebuild
+// replay that hands off to the live consumer takes the same lock.
+func StreamLockKey(tables idem.Tables, name, stream string) string {
+	return "idem/stream/" + tables.WithDefaults().Schema + "/" + name + "/" + stream
 }

@@ -18,7 +18,7 @@ var ciArgs = []string{"-n", "2000", "-rate", "60", "-fault-every", "4s", "-durat
 func TestSoakSmall(t *testing.T) {
 	if os.Getenv("IDEM_SOAK") != "1" {
 		t.Skip("the soak runs the examples as processes for about two minutes; CI runs it as its own step " +
-			"(IDEM_SOAK=1 go test -run TestSoakSmall ./examples/soak, or go run ./examples/soak)")
+			"(IDEM_SOAK=1 go test -run TestSoakSmall ./internal/soak, or go run ./internal/soak)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -1,10 +1,11 @@
-package consumer
+package engine
 
 import (
 	"context"
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idem/deadletters"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -15,9 +16,10 @@ import (
 
 const instrumentation = "github.com/idemkit/idem/consumer"
 
-// telemetry holds the consumer's instruments. Attributes are low-cardinality
-// (consumer name, source, outcome); message ids go on spans only.
-type telemetry struct {
+// Telemetry holds the runtime's instruments, shared by the engine and its
+// sources. Attributes are low-cardinality (consumer name, source, outcome);
+// message ids go on spans only.
+type Telemetry struct {
 	name         string
 	tracer       trace.Tracer
 	messages     metric.Int64Counter
@@ -28,6 +30,7 @@ type telemetry struct {
 	acksDropped  metric.Int64Counter
 	reconnects   metric.Int64Counter
 	limits       metric.Int64Counter
+	abandonedN   metric.Int64Counter
 	base         attribute.Set
 	baseAttrs    []attribute.KeyValue
 	// Built once, used on every message: an option or a name built per
@@ -40,18 +43,18 @@ type telemetry struct {
 	byOutcome  map[string][]metric.AddOption // read-only after newTelemetry
 }
 
-func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*telemetry, error) {
-	mp := cfg.MeterProvider
+// NewTelemetry builds the instruments of consumer name reading source; nil
+// providers mean the global ones. lag reports the stream lag, when there is one.
+func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerProvider, lag func() (int64, bool)) (*Telemetry, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
 	m := mp.Meter(instrumentation)
-	t := &telemetry{name: cfg.Name, tracer: tp.Tracer(instrumentation)}
-	t.baseAttrs = []attribute.KeyValue{attribute.String("idem.consumer", cfg.Name), attribute.String("messaging.destination.name", source)}
+	t := &Telemetry{name: name, tracer: tp.Tracer(instrumentation)}
+	t.baseAttrs = []attribute.KeyValue{attribute.String("idem.consumer", name), attribute.String("messaging.destination.name", source)}
 	t.base = attribute.NewSet(t.baseAttrs...)
 	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(t.base)}
 	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(t.base)}
@@ -95,6 +98,10 @@ func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*teleme
 		metric.WithDescription("Messages dead-lettered by a limit: message_bytes, headers, id_bytes.")); err != nil {
 		return nil, err
 	}
+	if t.abandonedN, err = m.Int64Counter("idem.consumer.handlers.abandoned",
+		metric.WithDescription("Handlers that ignored their context past HandlerTimeout and were abandoned.")); err != nil {
+		return nil, err
+	}
 	if _, err = m.Int64ObservableGauge("idem.consumer.stream.lag",
 		metric.WithDescription("Stream tail offset minus the committed checkpoint (sampled every 10s)."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
@@ -108,11 +115,32 @@ func newTelemetry(cfg *Config, source string, lag func() (int64, bool)) (*teleme
 	return t, nil
 }
 
-func (t *telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
+func (t *Telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
 	return metric.WithAttributes(append(kv, t.baseAttrs...)...)
 }
 
-func (t *telemetry) outcome(ctx context.Context, name string, n int) {
+// outcomes counts a batch's results by outcome.
+func (t *Telemetry) outcomes(ctx context.Context, res []Result) {
+	var counts [Deferred + 2]int
+	conflicts := 0
+	for _, r := range res {
+		if r.Outcome == DeadLettered && r.Reason == deadletters.ReasonPayloadConflict {
+			conflicts++
+			continue
+		}
+		if int(r.Outcome) < len(counts) {
+			counts[r.Outcome]++
+		}
+	}
+	for o, n := range counts {
+		if n > 0 && Outcome(o) != Deferred && o != 0 {
+			t.outcome(ctx, Outcome(o).String(), n)
+		}
+	}
+	t.outcome(ctx, "conflict", conflicts)
+}
+
+func (t *Telemetry) outcome(ctx context.Context, name string, n int) {
 	if n <= 0 {
 		return
 	}
@@ -123,32 +151,39 @@ func (t *telemetry) outcome(ctx context.Context, name string, n int) {
 	t.messages.Add(ctx, int64(n), t.with(attribute.String("outcome", name)))
 }
 
-func (t *telemetry) batch(ctx context.Context, n int) {
+func (t *Telemetry) batch(ctx context.Context, n int) {
 	t.batchSize.Record(ctx, int64(n), t.baseRecord...)
 }
 
-func (t *telemetry) handlerTime(ctx context.Context, d time.Duration) {
+func (t *Telemetry) handlerTime(ctx context.Context, d time.Duration) {
 	t.handlerDur.Record(ctx, d.Seconds(), t.baseRecord...)
 }
 
-func (t *telemetry) commitTime(ctx context.Context, d time.Duration) {
+func (t *Telemetry) commitTime(ctx context.Context, d time.Duration) {
 	t.commitDur.Record(ctx, d.Seconds(), t.baseRecord...)
 }
 
-func (t *telemetry) batchRetry(ctx context.Context, contention bool) {
+func (t *Telemetry) batchRetry(ctx context.Context, contention bool) {
 	t.batchRetries.Add(ctx, 1, t.with(attribute.Bool("contention", contention)))
 }
 
-func (t *telemetry) ackDropped(ctx context.Context, n int) {
+// AcksDropped counts n settlements skipped because their channel died.
+func (t *Telemetry) AcksDropped(ctx context.Context, n int) {
 	t.acksDropped.Add(ctx, int64(n), t.baseAdd...)
 }
 
-func (t *telemetry) limit(name string) {
+// Limit counts a message dead-lettered by the named limit.
+func (t *Telemetry) Limit(name string) {
 	t.limits.Add(context.Background(), 1, t.with(attribute.String("limit", name)))
 }
 
-func (t *telemetry) reconnect(ctx context.Context) {
+// Reconnect counts a broker reconnect or a stream reader restart.
+func (t *Telemetry) Reconnect(ctx context.Context) {
 	t.reconnects.Add(ctx, 1, t.baseAdd...)
+}
+
+func (t *Telemetry) abandoned(ctx context.Context) {
+	t.abandonedN.Add(ctx, 1, t.baseAdd...)
 }
 
 // headerCarrier lets the propagator read trace context from message headers.
@@ -173,7 +208,7 @@ var _ propagation.TextMapCarrier = headerCarrier(nil)
 
 // startSpan starts the process span of one message, continuing the trace
 // found in its headers (messaging semantic conventions).
-func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (context.Context, trace.Span) {
+func (t *Telemetry) startSpan(ctx context.Context, m *Item, batchSize int) (context.Context, trace.Span) {
 	if len(m.Headers) > 0 {
 		ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
 	}
@@ -205,17 +240,17 @@ func (t *telemetry) startSpan(ctx context.Context, m *Message, batchSize int) (c
 }
 
 // endSpan records the message's outcome on its span.
-func endSpan(span trace.Span, r result) {
+func endSpan(span trace.Span, r Result) {
 	if !span.IsRecording() {
 		span.End()
 		return
 	}
-	span.SetAttributes(attribute.String("idem.outcome", r.outcome.String()))
-	if r.reason != "" {
-		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.reason))
+	span.SetAttributes(attribute.String("idem.outcome", r.Outcome.String()))
+	if r.Reason != "" {
+		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.Reason))
 	}
-	if r.err != nil && r.outcome != outcomeProcessed {
-		span.SetStatus(codes.Error, r.err.Error())
+	if r.Err != nil && r.Outcome != Processed {
+		span.SetStatus(codes.Error, r.Err.Error())
 	}
 	span.End()
 }

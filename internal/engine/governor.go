@@ -1,0 +1,130 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// governor admits batches. Up to limit run at once: limit halves when
+// batches contend for rows (each conflict is a retry) and grows by one after
+// a run of limit batches without contention, up to MaxConcurrency, so that
+// concurrency backs off only as much as contention demands and recovers in
+// a few batches. A suspect message runs alone: no batch is admitted while
+// it waits for the running ones to finish, or while it runs.
+type governor struct {
+	mu      sync.Mutex
+	max     int
+	limit   int
+	running int
+	alone   bool // a suspect runs
+	waiting int  // suspects waiting to run alone
+	streak  int  // batches without contention since limit last changed
+	changed chan struct{}
+	// Limit mirrors limit for telemetry and Stats.
+	Limit atomic.Int64
+}
+
+func newGovernor(n int) *governor {
+	n = max(n, 1)
+	g := &governor{max: n, limit: n, changed: make(chan struct{})}
+	g.Limit.Store(int64(n))
+	return g
+}
+
+// wake tells every waiter that something changed; mu must be held.
+func (g *governor) wake() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// wait releases mu until something changes, ctx ends or abandon closes; it
+// reports whether to go on, with mu held again.
+func (g *governor) wait(ctx context.Context, abandon <-chan struct{}) bool {
+	ch := g.changed
+	g.mu.Unlock()
+	defer g.mu.Lock()
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-abandon:
+		return false
+	}
+}
+
+// admit waits for a batch's turn; release ends it. ok is false when ctx
+// ended or abandon closed first.
+func (g *governor) admit(ctx context.Context, abandon <-chan struct{}) (release func(), ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.alone || g.waiting > 0 || g.running >= g.limit {
+		if !g.wait(ctx, abandon) {
+			return nil, false
+		}
+	}
+	g.running++
+	return g.leave, true
+}
+
+func (g *governor) leave() {
+	g.mu.Lock()
+	g.running--
+	g.wake()
+	g.mu.Unlock()
+}
+
+// exclusive waits until no batch runs and holds the engine alone.
+func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (release func(), ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waiting++
+	for g.alone || g.running > 0 {
+		if !g.wait(ctx, abandon) {
+			g.waiting--
+			g.wake()
+			return nil, false
+		}
+	}
+	g.waiting--
+	g.alone = true
+	return func() {
+		g.mu.Lock()
+		g.alone = false
+		g.wake()
+		g.mu.Unlock()
+	}, true
+}
+
+// done records how a batch transaction ended.
+func (g *governor) done(contention bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case contention:
+		g.limit = max(1, g.limit/2)
+		g.streak = 0
+	case g.limit < g.max:
+		g.streak++
+		if g.streak >= g.limit {
+			g.limit++
+			g.streak = 0
+			g.wake()
+		}
+	}
+	g.Limit.Store(int64(g.limit))
+}
+
+// countDown decrements a positive counter and reports whether it was positive.
+func countDown(n *atomic.Int64) bool {
+	for {
+		v := n.Load()
+		if v <= 0 {
+			return false
+		}
+		if n.CompareAndSwap(v, v-1) {
+			return true
+		}
+	}
+}

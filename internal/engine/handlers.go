@@ -1,0 +1,200 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/inbox"
+)
+
+// runHandlers runs, in batch order, the handler of every item the inbox
+// did not hold (and, read-only or rerun, of the others too), and decides
+// each item's result. Without savepoints the first failure abandons the
+// attempt (errNeedSavepoints); with them it rolls back only its item.
+func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inbox.Result) error {
+	var together []int // with a batch handler: the items it runs at once
+	var rerunIDs map[string]bool
+	savepoint := false
+	for _, i := range runnable {
+		it, d := b.items[i], decisions[i]
+		if b.stopAt >= 0 {
+			b.results[i] = Result{Outcome: Deferred}
+			if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
+				b.unclaim = append(b.unclaim, it.ID)
+			}
+			continue
+		}
+		b.results[i].Inbox = d.Decision
+		if d.Decision != inbox.NewMessage {
+			b.results[i].StoredHash = d.StoredHash
+		}
+		rerun := b.o.Rerun && d.Decision == inbox.Duplicate && !rerunIDs[it.ID]
+		if rerun {
+			if rerunIDs == nil {
+				rerunIDs = map[string]bool{}
+			}
+			rerunIDs[it.ID] = true // a second copy in the batch is a duplicate of this run
+		}
+		if d.Decision != inbox.NewMessage && !b.o.ReadOnly && !rerun {
+			b.results[i] = notRun(it, d)
+			continue
+		}
+		if !b.p.savepoints && b.e.cfg.BatchHandler != nil && b.o.MessageContext == nil {
+			together = append(together, i)
+			continue
+		}
+		if b.p.savepoints {
+			stmt := "SAVEPOINT idem_message"
+			if savepoint {
+				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+			}
+			if _, err := b.tx.Exec(ctx, stmt); err != nil {
+				return failed(fmt.Errorf("savepoint: %w", err))
+			}
+			savepoint = true
+		}
+		if err := b.runOne(ctx, i, d); err != nil {
+			return err
+		}
+	}
+	b.deferAfterStop()
+	if len(together) > 0 {
+		return b.runTogether(ctx, together)
+	}
+	return nil
+}
+
+// notRun is the result of an item the inbox held: a duplicate, or a
+// conflict, which is dead-lettered.
+func notRun(it *Item, d inbox.Result) Result {
+	if d.Decision == inbox.Duplicate {
+		return Result{Outcome: Duplicate, Inbox: d.Decision, StoredHash: d.StoredHash}
+	}
+	return Result{Outcome: DeadLettered, Reason: deadletters.ReasonPayloadConflict, StoredHash: d.StoredHash, Inbox: d.Decision,
+		Err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", it.Hash, d.StoredHash)}
+}
+
+// deferAfterStop leaves every item after an in-order stop for later, the
+// rejected ones too: they are dead-lettered when their turn comes.
+func (b *batch) deferAfterStop() {
+	if b.stopAt < 0 {
+		return
+	}
+	for i := b.stopAt + 1; i < len(b.items); i++ {
+		if o := b.results[i].Outcome; o != Deferred && o != Skipped {
+			b.results[i] = Result{Outcome: Deferred}
+		}
+	}
+}
+
+// runOne runs item i's handler and decides its result.
+func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
+	it := b.items[i]
+	herr, err := b.call(ctx, i, func(hctx context.Context) error { return b.e.cfg.Handler(hctx, b.htx, it) })
+	if err != nil {
+		return err
+	}
+	if herr == nil {
+		b.results[i].Outcome = Processed
+		return nil
+	}
+	if isContention(herr) && !b.o.ReadOnly {
+		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), herr), contention: true}
+	}
+	if !b.p.savepoints {
+		return errNeedSavepoints // the failure cannot be undone alone
+	}
+	if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
+		return failed(fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err))
+	}
+	if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
+		b.unclaim = append(b.unclaim, it.ID)
+	}
+	r := b.e.classify(it, herr)
+	r.Inbox, r.StoredHash = d.Decision, b.results[i].StoredHash
+	b.results[i] = r
+	if r.Outcome == Retry && b.o.InOrder {
+		b.stopAt = i
+	}
+	return nil
+}
+
+// runTogether runs the batch handler over the items it takes at once. If
+// it fails, the batch runs again item by item, a savepoint each, so that
+// each failure is attributed to its item.
+func (b *batch) runTogether(ctx context.Context, together []int) error {
+	its := make([]*Item, len(together))
+	for k, i := range together {
+		its[k] = b.items[i]
+	}
+	herr, err := b.call(b.handlerCtx, -1, func(hctx context.Context) error { return b.e.cfg.BatchHandler(hctx, b.htx, its) })
+	var ex *excludeError
+	switch {
+	case errors.As(err, &ex):
+		return errNeedSavepoints // message by message, to find the culprit
+	case err != nil:
+		return err
+	case herr == nil:
+		for _, i := range together {
+			b.results[i].Outcome = Processed
+		}
+		return nil
+	case isContention(herr):
+		return &batchError{err: fmt.Errorf("batch handler: %w", herr), contention: true}
+	default:
+		return errNeedSavepoints
+	}
+}
+
+// call runs one handler (item index, or -1 for the batch handler) under the
+// handler deadline and the supervisor's watch, then checks that the
+// transaction is still open. It returns the handler's error, or an error
+// that ends the attempt: the handler timed out, was abandoned, ended the
+// transaction, or its connection is gone.
+func (b *batch) call(ctx context.Context, index int, run func(context.Context) error) (herr, err error) {
+	hctx := ctx
+	if index >= 0 {
+		hctx = b.ctxs[index]
+	}
+	hctx, cancel := context.WithTimeoutCause(hctx, b.e.cfg.HandlerTimeout, errHandlerDeadline)
+	b.watch.enter(index)
+	start := time.Now()
+	herr = run(hctx)
+	timedOut := context.Cause(hctx) == errHandlerDeadline
+	cancel()
+	if !b.watch.leave() {
+		return nil, errAbandoned // the supervisor decided; touch nothing
+	}
+	b.e.tel.handlerTime(ctx, time.Since(start))
+	exclude := func(r Result) error {
+		if index < 0 {
+			return &excludeError{index: -1, result: r}
+		}
+		return &excludeError{index: index, result: r}
+	}
+	var it *Item
+	if index >= 0 {
+		it = b.items[index]
+	} else {
+		it = &Item{Attempt: 1}
+	}
+	switch status := b.tx.Conn().PgConn().TxStatus(); {
+	case ctx.Err() != nil:
+		return nil, failed(fmt.Errorf("batch cancelled in a handler: %w", context.Cause(ctx)))
+	case timedOut:
+		return nil, exclude(b.e.classify(it, &TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
+	case b.htx.violated.Load() || status == 'I' && !b.tx.Conn().IsClosed():
+		b.e.cfg.Logger.Error("handler tried to end the batch transaction: nothing of the batch is acked, the message is dead-lettered",
+			"message_id", shortID(it.ID), "error", herr)
+		return nil, exclude(Result{Outcome: DeadLettered, Reason: deadletters.ReasonHandlerEndedTx,
+			Err: fmt.Errorf("%w: %v", ErrTransactionControl, herr)})
+	case b.tx.Conn().IsClosed():
+		return nil, failed(fmt.Errorf("connection lost in a handler: %v", herr))
+	case herr == nil && status == 'E':
+		return errAbortedByHandler, nil // the handler swallowed a failed statement
+	}
+	return herr, nil
+}

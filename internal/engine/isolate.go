@@ -1,0 +1,52 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/idemkit/idem/deadletters"
+)
+
+// RunAlone runs one suspect item — a delivery the broker made before, whose
+// worker may have died on it — with no other batch of this engine running,
+// so that if it kills the process again it takes only itself down. Before
+// its handler runs, a start is counted in the attempts table and committed;
+// the transaction that settles the item clears it. A start still counted
+// when the item comes back is a worker that died while it ran alone: after
+// MaxCrashes of them the item is dead-lettered as worker_crashed, without
+// running, before the broker's delivery limit would drop it. A healthy item
+// never accumulates starts: its own transaction clears them.
+func (e *Engine) RunAlone(ctx context.Context, it *Item, o Options) Result {
+	release, ok := e.gov.exclusive(ctx, o.Abandon)
+	if !ok {
+		return Result{Outcome: Unresolved, Err: context.Cause(ctx)}
+	}
+	defer release()
+	scope := o.Scope
+	if scope == "" {
+		scope = e.cfg.Name
+	}
+	fixed := make([]Result, 1)
+	marked := false
+	if it.Reject == nil && it.ID != "" && !o.ReadOnly {
+		crashes, err := e.markStart(ctx, scope, it)
+		if err != nil {
+			e.cfg.Logger.Warn("could not mark a suspect message before running it alone; leaving it for redelivery",
+				"message_id", shortID(it.ID), "error", err)
+			return Result{Outcome: Unresolved, Err: err}
+		}
+		marked = true
+		if died := crashes - 1; died >= e.cfg.MaxCrashes {
+			fixed[0] = Result{Outcome: DeadLettered, Reason: deadletters.ReasonWorkerCrashed,
+				Err: fmt.Errorf("its worker died %d times while it ran alone (limit %d)", died, e.cfg.MaxCrashes)}
+			e.cfg.Logger.Error("poison message: its worker died each time it ran; dead-lettering it",
+				"message_id", shortID(it.ID), "crashes", died)
+		}
+	}
+	res := e.run(ctx, []*Item{it}, &o, fixed, true)
+	if marked && res[0].Outcome == Unresolved {
+		e.unmarkStart(ctx, scope, it) // the worker lives: this start was no crash
+	}
+	e.count(ctx, res, &o)
+	return res[0]
+}

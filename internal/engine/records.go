@@ -1,0 +1,199 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/safetext"
+)
+
+// statements are the engine's own SQL for one set of tables, built once.
+type statements struct {
+	deadLetters, lookupAttempts, recordFailures, clearAttempts, markStart, unmarkStart string
+}
+
+func newStatements(t idem.Tables) statements {
+	dl, at := t.Table("dead_letters"), t.Table("attempts")
+	return statements{
+		// Every dead letter of a batch in one statement.
+		deadLetters: `INSERT INTO ` + dl + `
+	(consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)
+SELECT $1, t.message_id, t.payload_hash, t.stored_hash, t.reason, t.error, t.source, t.exchange, t.routing_key, t.attempts, t.payload
+FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int[], $11::bytea[])
+	AS t(message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)`,
+		lookupAttempts: `SELECT message_id, failures, crashes, exchange, routing_key FROM ` + at +
+			` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		// A failed attempt: the count and the original route; the message
+		// is no longer running, so a crash no longer points at it.
+		recordFailures: `INSERT INTO ` + at + ` AS a (consumer, message_id, failures, exchange, routing_key)
+SELECT $1, t.message_id, t.failures, t.exchange, t.routing_key
+FROM unnest($2::text[], $3::int[], $4::text[], $5::text[]) AS t(message_id, failures, exchange, routing_key)
+ON CONFLICT (consumer, message_id) DO UPDATE
+SET failures = greatest(a.failures, EXCLUDED.failures), crashes = 0, exchange = EXCLUDED.exchange,
+	routing_key = EXCLUDED.routing_key, updated_at = now()`,
+		clearAttempts: `DELETE FROM ` + at + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		markStart: `INSERT INTO ` + at + ` AS a (consumer, message_id, crashes, exchange, routing_key) VALUES ($1, $2, 1, $3, $4)
+ON CONFLICT (consumer, message_id) DO UPDATE SET crashes = a.crashes + 1, updated_at = now()
+RETURNING failures, crashes, exchange, routing_key`,
+		unmarkStart: `UPDATE ` + at + ` SET crashes = greatest(crashes - 1, 0) WHERE consumer = $1 AND message_id = $2`,
+	}
+}
+
+// attemptRow is what the attempts table holds for one message.
+type attemptRow struct {
+	failures, crashes    int
+	exchange, routingKey string
+}
+
+// apply gives it what its row says: its attempt number and original route.
+func (r *attemptRow) apply(it *Item) {
+	it.row = r
+	it.Attempt = max(it.Attempt, r.failures+1)
+	if r.exchange != "" || r.routingKey != "" {
+		it.Exchange, it.RoutingKey = r.exchange, r.routingKey
+	}
+}
+
+// lookupAttempts reads the attempts rows of the runnable items that came
+// back from the retry queue or were delivered before, and applies them.
+func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, items []*Item, runnable []int) error {
+	var ids []string
+	byID := map[string][]*Item{}
+	for _, i := range runnable {
+		it := items[i]
+		if it.row == nil && (it.Returned || it.Suspect) {
+			ids = append(ids, it.ID)
+			byID[it.ID] = append(byID[it.ID], it)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, e.sql.lookupAttempts, scope, ids)
+	if err != nil {
+		return fmt.Errorf("engine: read attempts: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		r := &attemptRow{}
+		if err := rows.Scan(&id, &r.failures, &r.crashes, &r.exchange, &r.routingKey); err != nil {
+			return fmt.Errorf("engine: read attempts: %w", err)
+		}
+		for _, it := range byID[id] {
+			r.apply(it)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("engine: read attempts: %w", err)
+	}
+	return nil
+}
+
+// queueRecords adds to b the batch's dead-letter rows and attempt counts:
+// a failed attempt of a retried message, the rows of messages settled for
+// good deleted.
+func (e *Engine) queueRecords(b *pgx.Batch, scope string, o *Options, items []*Item, results []Result) {
+	e.queueDeadLetters(b, scope, items, results)
+	if !o.TrackAttempts {
+		return
+	}
+	var failedIDs, exchanges, keys, clearIDs []string
+	var failures []int32
+	for i, r := range results {
+		it := items[i]
+		switch {
+		case r.Outcome == Retry:
+			failedIDs = append(failedIDs, it.ID)
+			failures = append(failures, int32(it.Attempt))
+			exchanges = append(exchanges, safetext.Clean(it.Exchange))
+			keys = append(keys, safetext.Clean(it.RoutingKey))
+		case it.row != nil && r.Outcome.Final():
+			clearIDs = append(clearIDs, it.ID)
+		}
+	}
+	if len(failedIDs) > 0 {
+		b.Queue(e.sql.recordFailures, scope, failedIDs, failures, exchanges, keys)
+	}
+	if len(clearIDs) > 0 {
+		b.Queue(e.sql.clearAttempts, scope, clearIDs)
+	}
+}
+
+// queueDeadLetters adds one statement for the batch's dead-letter rows.
+func (e *Engine) queueDeadLetters(b *pgx.Batch, scope string, items []*Item, results []Result) {
+	var (
+		ids, reasons, errs, sources, exchanges, keys []string
+		hashes, stored, payloads                     [][]byte
+		attempts                                     []int32
+	)
+	for i, r := range results {
+		if r.Outcome != DeadLettered {
+			continue
+		}
+		it := items[i]
+		ids = append(ids, deadLetterID(it))
+		hashes = append(hashes, it.Hash[:])
+		if r.StoredHash.IsZero() {
+			stored = append(stored, nil)
+		} else {
+			h := r.StoredHash
+			stored = append(stored, h[:])
+		}
+		reasons = append(reasons, r.Reason)
+		errs = append(errs, safetext.Error(r.Err))
+		sources = append(sources, safetext.Clean(it.Source))
+		exchanges = append(exchanges, safetext.Clean(it.Exchange))
+		keys = append(keys, safetext.Clean(it.RoutingKey))
+		attempts = append(attempts, int32(max(it.Attempt, 1)))
+		if e.cfg.StorePayloads {
+			payloads = append(payloads, it.Body)
+		} else {
+			payloads = append(payloads, nil)
+		}
+	}
+	if len(ids) > 0 {
+		b.Queue(e.sql.deadLetters, scope, ids, hashes, stored, reasons, errs, sources, exchanges, keys, attempts, payloads)
+	}
+}
+
+// deadLetterID is what an operator finds a dead letter by: its id, or for a
+// message without a usable one, "sha256:" and its payload hash (the
+// x-idem-payload-hash header of the copy in the dead-letter queue).
+func deadLetterID(it *Item) string {
+	if it.ID != "" {
+		return safetext.Clean(it.ID)
+	}
+	return "sha256:" + it.Hash.String()
+}
+
+// markStart counts, in a statement of its own that commits at once, that
+// it is about to run alone; the count is cleared in the transaction that
+// settles it, so what is left counts the workers it was running in when
+// they died. It applies the item's row and returns its crash count.
+func (e *Engine) markStart(ctx context.Context, scope string, it *Item) (int, error) {
+	r := &attemptRow{}
+	err := e.cfg.Pool.QueryRow(ctx, e.sql.markStart, scope, it.ID, safetext.Clean(it.Exchange), safetext.Clean(it.RoutingKey)).
+		Scan(&r.failures, &r.crashes, &r.exchange, &r.routingKey)
+	if err != nil {
+		return 0, fmt.Errorf("engine: mark %s as running alone: %w", shortID(it.ID), err)
+	}
+	r.apply(it)
+	return r.crashes, nil
+}
+
+// unmarkStart takes back a start that ended without a crash and without a
+// commit (the batch transaction failed): it must not count as a crash.
+func (e *Engine) unmarkStart(ctx context.Context, scope string, it *Item) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CommitTimeout)
+	defer cancel()
+	if _, err := e.cfg.Pool.Exec(uctx, e.sql.unmarkStart, scope, it.ID); err != nil {
+		e.cfg.Logger.Warn("could not take back the start of a message run alone; a later crash counts one more",
+			"message_id", shortID(it.ID), "error", err)
+	}
+}
+
+func shortID(id string) string { return safetext.ShortID(id) }

@@ -1,0 +1,227 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrTransactionControl is returned to a handler that tries to end or
+// restructure the batch transaction, which belongs to the runtime: its
+// Commit and Rollback methods, and statements such as COMMIT, ROLLBACK,
+// BEGIN, SAVEPOINT or PREPARE TRANSACTION sent through Exec, Query,
+// QueryRow, SendBatch or Prepare. Nothing is sent; the message is
+// dead-lettered with reason handler_ended_transaction.
+var ErrTransactionControl = errors.New("the runtime owns the batch transaction: a handler must not commit, roll back or use savepoints; return an error instead")
+
+// handlerTx is the transaction handlers get. It refuses transaction control
+// and remembers that the handler tried, so that the runtime fails the
+// message even when the handler swallows the error.
+type handlerTx struct {
+	pgx.Tx
+	violated atomic.Bool
+}
+
+func (t *handlerTx) refuse(what string) error {
+	t.violated.Store(true)
+	return fmt.Errorf("%w (%s)", ErrTransactionControl, what)
+}
+
+func (t *handlerTx) check(sql string) error {
+	if word, ok := transactionControl(sql); ok {
+		return t.refuse(word)
+	}
+	return nil
+}
+
+func (t *handlerTx) Commit(context.Context) error   { return t.refuse("Commit") }
+func (t *handlerTx) Rollback(context.Context) error { return t.refuse("Rollback") }
+
+func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.check(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.check(sql); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := t.check(q.SQL); err != nil {
+			return errBatch{err}
+		}
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }
+
+// controlWords start statements that end or restructure a transaction.
+var controlWords = map[string]bool{
+	"BEGIN": true, "START": true, "COMMIT": true, "END": true, "ROLLBACK": true,
+	"ABORT": true, "SAVEPOINT": true, "RELEASE": true,
+}
+
+// transactionControl reports whether any statement in sql is transaction
+// control, and its first word. It skips comments, string literals, quoted
+// identifiers and dollar-quoted bodies, so that `DO $$ BEGIN … END $$` and
+// `SELECT 'commit'` pass.
+func transactionControl(sql string) (string, bool) {
+	start := true // at the start of a statement
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+			i++
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			for i < len(sql) && sql[i] != '\n' {
+				i++
+			}
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			i = skipBlockComment(sql, i)
+		case c == ';':
+			start = true
+			i++
+		case start && isLetter(c):
+			j := i
+			for j < len(sql) && (isLetter(sql[j]) || sql[j] == '_') {
+				j++
+			}
+			word := strings.ToUpper(sql[i:j])
+			if controlWords[word] || word == "PREPARE" && nextWord(sql, j) == "TRANSACTION" {
+				return word, true
+			}
+			start = false
+			i = j
+		default:
+			start = false
+			i = skipToken(sql, i)
+		}
+	}
+	return "", false
+}
+
+// skipToken skips the literal, identifier or character at i.
+func skipToken(sql string, i int) int {
+	switch c := sql[i]; {
+	case c == '\'':
+		escapes := i > 0 && (sql[i-1] == 'E' || sql[i-1] == 'e')
+		return skipQuoted(sql, i, '\'', escapes)
+	case c == '"':
+		return skipQuoted(sql, i, '"', false)
+	case c == '$':
+		if tag, ok := dollarTag(sql, i); ok {
+			if end := strings.Index(sql[i+len(tag):], tag); end >= 0 {
+				return i + len(tag) + end + len(tag)
+			}
+			return len(sql)
+		}
+	case isLetter(c) || c == '_':
+		j := i
+		for j < len(sql) && (isLetter(sql[j]) || sql[j] == '_' || sql[j] >= '0' && sql[j] <= '9' || sql[j] == '$') {
+			j++
+		}
+		return j
+	}
+	return i + 1
+}
+
+// skipQuoted skips a quoted literal or identifier starting at i; a doubled
+// quote is an escaped one, and so is a backslash-escaped one in E'…'.
+func skipQuoted(sql string, i int, q byte, backslash bool) int {
+	for j := i + 1; j < len(sql); j++ {
+		switch {
+		case backslash && sql[j] == '\\':
+			j++
+		case sql[j] == q && j+1 < len(sql) && sql[j+1] == q:
+			j++
+		case sql[j] == q:
+			return j + 1
+		}
+	}
+	return len(sql)
+}
+
+// skipBlockComment skips a (nestable) /* … */ comment starting at i.
+func skipBlockComment(sql string, i int) int {
+	depth := 0
+	for i < len(sql) {
+		switch {
+		case strings.HasPrefix(sql[i:], "/*"):
+			depth++
+			i += 2
+		case strings.HasPrefix(sql[i:], "*/"):
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return i
+}
+
+// dollarTag returns the $tag$ opening a dollar-quoted string at i.
+func dollarTag(sql string, i int) (string, bool) {
+	j := i + 1
+	if j < len(sql) && sql[j] >= '0' && sql[j] <= '9' {
+		return "", false // a parameter: $1
+	}
+	for j < len(sql) && (isLetter(sql[j]) || sql[j] == '_' || sql[j] >= '0' && sql[j] <= '9') {
+		j++
+	}
+	if j < len(sql) && sql[j] == '$' {
+		return sql[i : j+1], true
+	}
+	return "", false
+}
+
+func nextWord(sql string, i int) string {
+	for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
+		i++
+	}
+	j := i
+	for j < len(sql) && isLetter(sql[j]) {
+		j++
+	}
+	return strings.ToUpper(sql[i:j])
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80 }

@@ -1,0 +1,322 @@
+package queuesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/engine"
+)
+
+// delivery is a message with what is needed to settle it.
+type delivery struct {
+	d  amqp.Delivery
+	it *engine.Item
+	s  *session
+}
+
+// routeBurst bounds the deliveries serve routes in a row before it looks at
+// its other signals again (cancellation, a closed connection).
+const routeBurst = 64
+
+// serve consumes on session s until ctx is cancelled or the session dies.
+// It owns the worker goroutines and the isolation goroutine, and returns
+// only after they stopped; each of them ends within the handler timeout.
+func (src *Source) serve(ctx context.Context, s *session) error {
+	tag := fmt.Sprintf("%s-%d", src.cfg.ConnectionName, s.gen)
+	deliveries, err := s.ch.Consume(src.cfg.Queue, tag, false, false, false, false, nil)
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
+			return fmt.Errorf("%w: consume %s: %v", ErrFatal, src.cfg.Queue, err)
+		}
+		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)
+	}
+	src.consuming.Store(true)
+	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
+	r.inputs = make([]chan *delivery, 1)
+	if src.cfg.OrderingKey != nil {
+		r.inputs = make([]chan *delivery, src.cfg.Workers)
+	}
+	for i := range r.inputs {
+		r.inputs[i] = make(chan *delivery, src.cfg.Prefetch)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range src.cfg.Workers {
+		in := r.inputs[w%len(r.inputs)]
+		wg.Go(func() { src.worker(s, in, stop) })
+	}
+	wg.Go(func() { src.isolate(s, r.suspects, stop) })
+
+	reason := r.loop(ctx, deliveries)
+	if ctx.Err() == nil || reason != nil {
+		s.kill() // cancels the handlers of this session's batches
+	}
+	close(stop)
+	wg.Wait()
+	src.finish(ctx, s, tag, deliveries)
+	return reason
+}
+
+// finish ends a session whose batches are over. Acks still waiting behind
+// deliveries that will never be settled on this channel (never started,
+// left unacked) go out one by one while the channel works; what cannot be
+// sent is counted. On shutdown the consumer is cancelled, synchronously.
+func (src *Source) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
+	s.gate.release() // what follows needs the broker's answers
+	go func() {      // owned: ends when the session's connection closes
+		for range deliveries { // left unacked: the broker requeues them on close
+		}
+	}()
+	if !s.ch.IsClosed() {
+		if err := s.acks.flush(); err != nil {
+			src.cfg.Logger.Warn("acking at the end of the session failed; the broker redelivers what was not acked",
+				"consumer", src.cfg.Name, "error", err)
+		}
+	}
+	if n := s.acks.unsent(); n > 0 {
+		src.dropAcks(ctx, n)
+	}
+	if s.alive() {
+		// Shutdown: the in-flight batches are acked; now cancel the
+		// consumer. The order matters on RabbitMQ 3.10 quorum queues: acks
+		// that arrive after basic.cancel are ignored, and acks still pending
+		// in the channel when the connection closes are lost, while a
+		// cancel-ok confirms the acks before it.
+		_ = s.ch.Cancel(tag, false)
+	}
+}
+
+// router hands deliveries to the workers, and suspects to the isolation
+// goroutine.
+type router struct {
+	src      *Source
+	s        *session
+	inputs   []chan *delivery
+	suspects chan *delivery
+}
+
+// loop routes deliveries until ctx ends or the session dies, and says why
+// it stopped (nil on shutdown).
+func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery) error {
+	s := r.s
+	connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := s.ch.NotifyClose(make(chan *amqp.Error, 1))
+	pubConnClosed := s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	pubClosed := s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := s.ch.NotifyCancel(make(chan string, 1))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-connClosed:
+			return fmt.Errorf("connection closed: %v", e)
+		case e := <-chClosed:
+			return fmt.Errorf("channel closed: %v", e)
+		case e := <-pubConnClosed:
+			return fmt.Errorf("publish connection closed: %v", e)
+		case e := <-pubClosed:
+			return fmt.Errorf("publish channel closed: %v", e)
+		case <-cancelled:
+			return fmt.Errorf("broker cancelled the consumer of %s (queue deleted?)", r.src.cfg.Queue)
+		case <-s.dead:
+			return errors.New("session abandoned")
+		case d, ok := <-deliveries:
+			// Route this delivery and up to a burst of those already
+			// buffered behind it with cheap non-blocking receives; the
+			// select over every signal above waits for the next one.
+			for n := 0; ; n++ {
+				if !ok {
+					return errors.New("delivery channel closed")
+				}
+				if !r.route(ctx, d) {
+					return nil
+				}
+				if n == routeBurst || ctx.Err() != nil || !s.alive() {
+					break // look at the other signals again
+				}
+				select {
+				case d, ok = <-deliveries:
+					continue
+				default:
+				}
+				break // nothing buffered: wait in the select above
+			}
+		}
+	}
+}
+
+// route hands d to the isolation goroutine if the broker delivered it before
+// (it may have killed its worker), else to its worker: the only one, or the
+// one its ordering key hashes to. It returns false if ctx ended or the
+// session died first.
+func (r *router) route(ctx context.Context, d amqp.Delivery) bool {
+	src, s := r.src, r.s
+	s.acks.deliver(d.DeliveryTag) // before any later delivery can be settled
+	s.gate.take(len(d.Body))
+	src.held.Store(s.gate.heldBytes())
+	dv := &delivery{d: d, s: s, it: src.cfg.Prepare(&d, time.Now())}
+	dv.it.Suspect = isSuspect(&d)
+	dv.it.Returned = cameBackFrom(d.Headers, src.cfg.RetryQueue)
+	in := r.suspects
+	if !dv.it.Suspect {
+		in = r.inputs[0]
+		if len(r.inputs) > 1 {
+			h := fnv.New32a()
+			h.Write([]byte(src.cfg.OrderingKey(dv.it)))
+			in = r.inputs[h.Sum32()%uint32(len(r.inputs))]
+		}
+	}
+	select {
+	case in <- dv: // the common case: room in the input
+		return true
+	default:
+	}
+	select {
+	case in <- dv:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.dead:
+		return false
+	}
+}
+
+// isSuspect reports a delivery the broker made before: redelivered, or
+// counted by a quorum queue.
+func isSuspect(d *amqp.Delivery) bool {
+	n, _ := HeaderInt(d.Headers, "x-delivery-count")
+	return d.Redelivered || n > 0
+}
+
+// cameBackFrom reports whether the delivery's x-death names queue: it came
+// back from the retry queue. A publisher can forge the header; it only makes
+// the engine read the attempts table, which a publisher cannot write.
+func cameBackFrom(h amqp.Table, queue string) bool {
+	deaths, _ := h["x-death"].([]any)
+	for _, d := range deaths {
+		if t, ok := d.(amqp.Table); ok && t["queue"] == queue {
+			return true
+		}
+	}
+	return false
+}
+
+// worker takes batches from in and runs them until stop is closed. A batch
+// is what is already buffered, up to BatchMaxSize; when more than one message
+// is waiting it waits up to BatchMaxWait for the batch to fill.
+func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
+	batch := make([]*delivery, 0, src.cfg.BatchMaxSize)
+	var timer *time.Timer
+	for {
+		batch = batch[:0]
+		select {
+		case <-stop:
+			return
+		case d := <-in:
+			batch = append(batch, d)
+		}
+		size := src.batchLimit()
+	drain:
+		for len(batch) < size {
+			select {
+			case d := <-in:
+				batch = append(batch, d)
+			default:
+				break drain
+			}
+		}
+		if len(batch) > 1 && len(batch) < size && src.cfg.BatchMaxWait > 0 {
+			if timer == nil {
+				timer = time.NewTimer(src.cfg.BatchMaxWait)
+			} else {
+				timer.Reset(src.cfg.BatchMaxWait)
+			}
+		fill:
+			for len(batch) < size {
+				select {
+				case d := <-in:
+					batch = append(batch, d)
+				case <-timer.C:
+					break fill
+				case <-stop:
+					break fill
+				}
+			}
+			timer.Stop()
+		}
+		select {
+		case <-stop:
+			return // not started: left unacked for redelivery
+		default:
+		}
+		src.runBatch(s, batch)
+	}
+}
+
+// batchLimit is the most messages a worker takes into one batch.
+func (src *Source) batchLimit() int { return src.cfg.BatchMaxSize }
+
+// runBatch runs a batch from one session and settles it with the broker.
+func (src *Source) runBatch(s *session, batch []*delivery) {
+	items := make([]*engine.Item, len(batch))
+	for i, d := range batch {
+		items[i] = d.it
+	}
+	results := src.eng.Run(s.ctx, items, src.options(s))
+	src.settle(s.ctx, s, batch, results)
+}
+
+func (src *Source) options(s *session) engine.Options {
+	return engine.Options{TrackAttempts: true, Abandon: s.dead, AfterCommit: src.cfg.AfterCommit}
+}
+
+// isolate runs suspects one at a time, each alone (engine.RunAlone), until
+// stop is closed.
+func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case d := <-suspects:
+			select {
+			case <-stop:
+				return // not started: left unacked for redelivery
+			default:
+			}
+			r := src.eng.RunAlone(s.ctx, d.it, src.options(s))
+			src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
+		}
+	}
+}
+
+// HeaderInt reads an integer header of any AMQP integer type; other types
+// (a string x-delivery-count, say) are ignored rather than trusted.
+func HeaderInt(h amqp.Table, key string) (int64, bool) {
+	switch v := h[key].(type) {
+	case int64:
+		return v, true
+	case int32:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	default:
+		return 0, false
+	}
+}

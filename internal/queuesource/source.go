@@ -1,0 +1,143 @@
+// Package queuesource feeds the engine from a RabbitMQ queue: it consumes
+// with manual acks, routes deliveries to batch workers (by ordering key when
+// there is one), runs redelivered messages alone, and settles each batch
+// with the broker after it committed — acks, nacks, and confirmed publishes
+// to the retry and dead-letter queues. It reconnects with backoff, keeps
+// every delivery tied to the session that delivered it, and bounds in bytes
+// what it holds in memory.
+package queuesource
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/retry"
+)
+
+// Topology says what the source does with its queues at start.
+type Topology int
+
+const (
+	// Declare declares the queue, the retry queue and the dead-letter queue.
+	Declare Topology = iota
+	// Passive checks that they exist.
+	Passive
+	// Existing uses them as they are.
+	Existing
+)
+
+// Config configures a Source; the consumer fills in every field.
+type Config struct {
+	Name, AMQPURL, ConnectionName                 string
+	Queue, RetryQueue, DeadLetterQueue, QueueType string
+	Topology                                      Topology
+	DeliveryLimit, Prefetch, Workers              int
+	BatchMaxSize                                  int
+	BatchMaxWait                                  time.Duration
+	MaxBufferedBytes                              int64
+	ReconnectMaxDelay                             time.Duration
+	RetryBaseDelay, RetryMaxDelay                 time.Duration
+	CommitTimeout, ShutdownTimeout                time.Duration
+	Logger                                        *slog.Logger
+	// Prepare turns a delivery into an engine item (Msg is the consumer's
+	// message). It runs on the routing goroutine.
+	Prepare func(d *amqp.Delivery, received time.Time) *engine.Item
+	// OrderingKey, when set, keeps items with one key on one worker, in order.
+	OrderingKey func(*engine.Item) string
+	// AfterCommit, when set (tests), runs after each commit, before the acks.
+	AfterCommit func()
+}
+
+// Source consumes one queue into an engine.
+type Source struct {
+	cfg Config
+	eng *engine.Engine
+	gen atomic.Uint64
+	// consuming reports a live session whose consumer is registered.
+	consuming atomic.Bool
+	// held is the gate's account of the current session, for Stats.
+	held atomic.Int64
+}
+
+// New returns a Source feeding eng.
+func New(cfg Config, eng *engine.Engine) *Source { return &Source{cfg: cfg, eng: eng} }
+
+// Consuming reports whether a broker session is up and consuming.
+func (src *Source) Consuming() bool { return src.consuming.Load() }
+
+// BufferedBytes is what the current session holds in memory of deliveries
+// not yet settled.
+func (src *Source) BufferedBytes() int64 { return src.held.Load() }
+
+// Run consumes until ctx is cancelled, reconnecting (with capped exponential
+// backoff) whenever a connection or a channel dies. On cancellation it stops
+// consuming, lets the batches in flight commit and settle (on a context
+// detached from ctx, bounded by ShutdownTimeout), leaves deliveries that were
+// never started unacked for the next consumer, closes, and returns nil. It
+// returns an error wrapping ErrFatal for what reconnecting cannot fix.
+func (src *Source) Run(ctx context.Context) error {
+	work, stopWork := engine.ShutdownContext(ctx, src.cfg.ShutdownTimeout)
+	defer stopWork()
+	log := src.cfg.Logger.With("consumer", src.cfg.Name, "queue", src.cfg.Queue)
+	tel := src.eng.Telemetry()
+	for failures := 0; ; {
+		s, err := src.connect(work, src.gen.Add(1))
+		if err != nil {
+			if errors.Is(err, ErrFatal) {
+				log.Error("broker refused the consumer; not retrying", "error", err)
+				return err
+			}
+			failures++
+			delay := retry.Backoff(failures, 100*time.Millisecond, src.cfg.ReconnectMaxDelay)
+			log.Warn("broker unavailable, retrying", "error", err, "retry_in", delay)
+			if !retry.Sleep(ctx, delay) {
+				return nil
+			}
+			continue
+		}
+		if s.gen > 1 {
+			tel.Reconnect(ctx)
+			src.eng.Counts.Reconnects.Add(1)
+		}
+		failures = 0
+		log.Info("broker session started", "generation", s.gen, "url", RedactURL(src.cfg.AMQPURL),
+			"prefetch", src.cfg.Prefetch, "max_buffered_bytes", src.cfg.MaxBufferedBytes)
+		err = src.serve(ctx, s)
+		src.consuming.Store(false)
+		s.close()
+		if ctx.Err() != nil {
+			log.Info("broker session ended: shutdown", "generation", s.gen)
+			return nil
+		}
+		log.Warn("broker session ended, reconnecting", "generation", s.gen, "error", err)
+		if errors.Is(err, ErrFatal) {
+			return err
+		}
+		if !retry.Sleep(ctx, retry.Backoff(1, 100*time.Millisecond, src.cfg.ReconnectMaxDelay)) {
+			return nil
+		}
+	}
+}
+
+// Declare connects once and sets up the topology as Config.Topology says.
+func (src *Source) Declare(ctx context.Context) error {
+	conn, err := src.dial(src.cfg.ConnectionName, nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := src.declare(ch); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
