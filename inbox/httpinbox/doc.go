@@ -25,6 +25,18 @@
 // record therefore proves that the handler's transaction did not commit; the
 // database, not the middleware's memory, decides.
 //
+// # Scope
+//
+// A key is never global: it belongs to the (tenant, caller) that sent it,
+// and a request with another caller's key runs as that caller's own request.
+// Config.Caller and Config.Tenant say who a request belongs to, and must be
+// taken from authentication, never from a value the client picks. New
+// refuses a Config with neither (ErrNoScope) unless Config.SharedScope says
+// explicitly that every caller shares one key space, which is only right for
+// a single-tenant internal service.
+//
+// # Identity
+//
 // The handler's effect identity must come from the record, not from the
 // request: FromContext(ctx).KeyID() is stable across retries, so an event or
 // ledger effect recorded with it keeps one identity however often the key is

@@ -73,12 +73,15 @@ type Middleware struct {
 }
 
 // New returns a Middleware that keeps its records in pool, in the http_keys
-// table of cfg.Tables (created by package migrate).
+// table of cfg.Tables (created by package migrate). It fails with ErrNoScope
+// when cfg says neither how keys are scoped (Caller, Tenant) nor that they
+// are shared (SharedScope), and with ErrConfig for other invalid settings.
 func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.scoped()
 	met, err := newMetrics(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
