@@ -8,10 +8,9 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-)
 
-// meterName is the instrumentation scope of the ledger's metrics.
-const meterName = "github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/internal/tracing"
+)
 
 // metrics are the dispatcher's instruments. Attributes are the effect type
 // and status only: effect and message ids never go on metrics.
@@ -33,7 +32,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	m := mp.Meter(meterName)
+	m := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
 	var (
 		ms  metrics
 		err error

@@ -2,13 +2,16 @@ package tracing_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/internal/tracing"
@@ -95,4 +98,26 @@ func TestSaveWithoutASpanIsNil(t *testing.T) {
 	require.False(t, trace.SpanContextFromContext(ctx).IsValid())
 	ctx = tracing.Restore(context.Background(), map[string]string{"traceparent": "garbage"})
 	require.False(t, trace.SpanContextFromContext(ctx).IsValid())
+}
+
+func TestHTTPMethodKeepsUnknownMethodsOutOfTheAttribute(t *testing.T) {
+	t.Parallel()
+	name, kv := tracing.HTTPMethod(http.MethodPost)
+	require.Equal(t, "POST", name)
+	require.Equal(t, []attribute.KeyValue{semconv.HTTPRequestMethodPost}, kv)
+
+	name, kv = tracing.HTTPMethod("BREW")
+	require.Equal(t, "_OTHER", name)
+	require.Equal(t, []attribute.KeyValue{semconv.HTTPRequestMethodOther, semconv.HTTPRequestMethodOriginal("BREW")}, kv)
+}
+
+func TestServerAddressSplitsHostAndPort(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []attribute.KeyValue{semconv.ServerAddress("gw.example"), semconv.ServerPort(8443)},
+		tracing.ServerAddress("gw.example:8443", 443))
+	require.Equal(t, []attribute.KeyValue{semconv.ServerAddress("gw.example"), semconv.ServerPort(443)},
+		tracing.ServerAddress("gw.example", 443))
+	require.Equal(t, []attribute.KeyValue{semconv.ServerAddress("::1"), semconv.ServerPort(80)},
+		tracing.ServerAddress("[::1]:80", 0))
+	require.Nil(t, tracing.ServerAddress("", 80))
 }
