@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 )
@@ -74,7 +76,9 @@ type Config struct {
 	// is sent to the first caller but stored without its body, like a route
 	// with OmitBody. Default: 64 KiB.
 	MaxStoredBodyBytes int
-	// MeterProvider provides the counters. Default: the global provider.
+	// MeterProvider provides the counters and the request duration
+	// histogram (http.server.request.duration). Default: the global
+	// provider.
 	MeterProvider metric.MeterProvider
 	// NewKeysPerMinute limits how many new keys one (tenant, caller) may
 	// create in a minute; a request over the limit is answered 429. Requests
@@ -102,6 +106,12 @@ type Config struct {
 	// the client chooses freely. Values must be valid UTF-8 without NUL, at
 	// most 255 bytes. Default: none; see SharedScope.
 	Tenant func(*http.Request) string
+	// TracerProvider provides the tracer of the server spans: every request
+	// runs in a span that follows the HTTP semantic conventions and
+	// continues the trace of an incoming traceparent. The handler's context
+	// carries it, so a ledger effect or outbox message it records continues
+	// the trace too. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 	// Wait bounds how long a request whose key is in progress waits for the
 	// first request to finish (and then receives its response) before it is
 	// answered 409. Default: 0, answer 409 at once.
@@ -132,6 +142,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	if c.StoredHeaders == nil {
 		c.StoredHeaders = DefaultStoredHeaders

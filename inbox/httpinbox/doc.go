@@ -41,4 +41,17 @@
 // request: FromContext(ctx).KeyID() is stable across retries, so an event or
 // ledger effect recorded with it keeps one identity however often the key is
 // replayed or re-run.
+//
+// # Tracing
+//
+// Every request runs in a server span named and attributed after the HTTP
+// semantic conventions ("POST /payments", http.request.method, http.route,
+// http.response.status_code, …) plus idem.http.operation, idem.http.key_id
+// and idem.http.decision (run, replayed, conflict, in_progress, limited,
+// rejected). It continues the trace of an incoming traceparent: W3C Trace
+// Context is read even when the application sets no propagator. The
+// handler's context carries the span, so a ledger effect it records, such as
+// an outbox message, continues the request's trace when the dispatcher
+// carries it out. The request duration is recorded as
+// http.server.request.duration.
 package httpinbox
