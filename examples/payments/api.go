@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/prommetrics"
 )
 
 // The HTTP edge of the payments example: POST /captures takes a capture
@@ -405,10 +406,16 @@ func runAPI(ctx context.Context, args []string) error {
 	wait := fs.Duration("wait", 2*time.Second, "how long a request whose key is in progress waits for the first request's answer before 409")
 	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
 	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
+	metrics, err := prommetrics.Serve(*metricsAddr, log)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err
