@@ -12,6 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -274,4 +276,52 @@ func getMessage(t *testing.T, ch *amqp.Channel, q string) amqp.Delivery {
 		require.True(t, time.Now().Before(deadline), "no message in %s", q)
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+func TestDispatchMetricsCountEffectsByStatusWithoutIDs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	reader := sdkmetric.NewManualReader()
+	e := f.record(t, context.Background(), ledger.Effect{Type: "charge", BusinessKey: "o-1", Request: []byte(`{}`)})[0]
+	f.dispatch(t, ledger.DispatcherConfig{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Executors: map[string]ledger.Executor{"charge": funcExecutor{fn: func(context.Context, ledger.Call) (ledger.Result, error) {
+			return ledger.Result{Status: ledger.StatusSucceeded}, nil
+		}}}})
+	f.waitFor(t, e.ID, status(ledger.StatusSucceeded))
+	deadline := time.Now().Add(15 * time.Second)
+	for counter(t, reader, "idem.ledger.transitions") < 2 { // in_flight, succeeded
+		require.True(t, time.Now().Before(deadline), "transitions not counted")
+		time.Sleep(10 * time.Millisecond)
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	seen := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch m.Name {
+			case "idem.ledger.transitions":
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					require.ElementsMatch(t, []attribute.Key{"effect_type", "status"}, keys(dp.Attributes))
+				}
+				seen++
+			case "idem.ledger.dispatch.duration":
+				h := m.Data.(metricdata.Histogram[float64])
+				require.Equal(t, "s", m.Unit)
+				require.Len(t, h.DataPoints, 1)
+				require.Subset(t, h.DataPoints[0].Bounds, []float64{0.01, 0.1, 1}, "buckets in seconds, not the SDK's millisecond defaults")
+				require.ElementsMatch(t, []attribute.Key{"effect_type", "status"}, keys(h.DataPoints[0].Attributes))
+				seen++
+			}
+		}
+	}
+	require.Equal(t, 2, seen)
+}
+
+// keys returns the attribute keys of a set: ids must never be among them.
+func keys(s attribute.Set) []attribute.Key {
+	var out []attribute.Key
+	for _, kv := range s.ToSlice() {
+		out = append(out, kv.Key)
+	}
+	return out
 }
