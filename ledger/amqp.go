@@ -6,10 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 // Publishing is the request of an effect that AMQPExecutor publishes: record
@@ -43,7 +50,8 @@ type AMQPConfig struct {
 // AMQPExecutor publishes effects whose Request is a Publishing: the
 // transactional outbox. Each message is persistent, published with the
 // mandatory flag on a channel in confirm mode, and carries the effect id as
-// its message id, on which idem consumers downstream deduplicate.
+// its message id, on which idem consumers downstream deduplicate, and the
+// effect's trace context in its headers.
 //
 // A confirm (ack) means succeeded; a nack or a returned (unroutable) message
 // means failed_retryable; a confirm that never arrives means unknown. Because
@@ -54,8 +62,9 @@ type AMQPConfig struct {
 // The executor owns its connection and channel: it dials on first use and
 // again after the connection or channel closes. Close it when done.
 type AMQPExecutor struct {
-	cfg AMQPConfig
-	log *slog.Logger
+	cfg    AMQPConfig
+	log    *slog.Logger
+	server []attribute.KeyValue // server.address and server.port of the broker
 
 	mu     sync.Mutex // guards sess and closed
 	sess   *amqpSession
@@ -75,7 +84,11 @@ func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &AMQPExecutor{cfg: cfg, log: cfg.Logger}, nil
+	e := &AMQPExecutor{cfg: cfg, log: cfg.Logger}
+	if u, err := amqp.ParseURI(cfg.URL); err == nil {
+		e.server = tracing.ServerAddress(net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), 0)
+	}
+	return e, nil
 }
 
 // DeduplicatesByKey returns true: the message id is the effect id, and idem
@@ -98,20 +111,34 @@ func (e *AMQPExecutor) Close() error {
 	return err
 }
 
-// Execute publishes call's Publishing and waits for the broker's confirm.
+// Execute publishes call's Publishing and waits for the broker's confirm,
+// in a producer span whose context it writes into the message's headers
+// (traceparent, and whatever else the application's propagator writes), so
+// the consumer continues the effect's trace.
 func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	var p Publishing
 	if err := json.Unmarshal(call.Request, &p); err != nil {
 		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: amqp %s: request is not a Publishing: %w", call.EffectID, err)
 	}
+	name, attrs := publishAttrs(p, call)
+	ctx, span := startCallSpan(ctx, name, trace.SpanKindProducer, append(attrs, e.server...)...)
+	res, errorType, err := e.publish(ctx, p, call)
+	endCallSpan(span, res, errorType, err)
+	return res, err
+}
+
+// publish sends p as the message of call and waits for its confirm;
+// errorType names a failure for the span.
+func (e *AMQPExecutor) publish(ctx context.Context, p Publishing, call Call) (Result, string, error) {
 	s, err := e.session()
 	if err != nil {
-		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: connect: %w", call.EffectID, err)
+		return Result{Status: StatusFailedRetryable}, "connect", fmt.Errorf("ledger: amqp %s: connect: %w", call.EffectID, err)
 	}
 	headers := amqp.Table{}
 	for k, v := range p.Headers {
 		headers[k] = v
 	}
+	tracing.Propagator(nil).Inject(ctx, tracing.AMQPCarrier(headers))
 	if p.ContentType == "" {
 		p.ContentType = "application/json"
 	}
@@ -128,23 +155,60 @@ func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	dc, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
 	if err != nil {
 		// Publish failed in the client: nothing was sent.
-		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
+		return Result{Status: StatusFailedRetryable}, "publish", fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
 	}
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: no confirm: %w", call.EffectID, ctx.Err())
+		return Result{Status: StatusUnknown}, "no_confirm", fmt.Errorf("ledger: amqp %s: no confirm: %w", call.EffectID, ctx.Err())
 	}
 	if text, returned := s.returnOf(call.EffectID); returned {
-		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: returned unroutable: %s", call.EffectID, text)
+		return Result{Status: StatusFailedRetryable}, "returned", fmt.Errorf("ledger: amqp %s: returned unroutable: %s", call.EffectID, text)
 	}
 	if !dc.Acked() {
 		if s.dead() {
-			return Result{Status: StatusUnknown}, fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
+			return Result{Status: StatusUnknown}, "channel_closed", fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
 		}
-		return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
+		return Result{Status: StatusFailedRetryable}, "nacked", fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
 	}
-	return Result{Status: StatusSucceeded}, nil
+	return Result{Status: StatusSucceeded}, "", nil
+}
+
+// publishAttrs returns the name and the messaging attributes of the span
+// that publishes p. The destination follows the RabbitMQ convention for
+// producers ("exchange:routing key", either alone when the other is empty,
+// amq.default when both are); the span name uses the exchange, or the
+// routing key on the default exchange (where it names a queue), so that
+// routing keys holding ids do not end up in span names.
+func publishAttrs(p Publishing, call Call) (string, []attribute.KeyValue) {
+	dest := p.Exchange
+	switch {
+	case p.Exchange != "" && p.RoutingKey != "":
+		dest = p.Exchange + ":" + p.RoutingKey
+	case p.Exchange == "" && p.RoutingKey != "":
+		dest = p.RoutingKey
+	case p.Exchange == "":
+		dest = "amq.default"
+	}
+	name := "publish " + p.Exchange
+	if p.Exchange == "" {
+		name = "publish " + dest
+	}
+	attrs := []attribute.KeyValue{
+		semconv.MessagingSystemRabbitMQ,
+		semconv.MessagingOperationTypeSend,
+		semconv.MessagingOperationName("publish"),
+		semconv.MessagingDestinationName(dest),
+		semconv.MessagingMessageID(call.EffectID),
+		semconv.MessagingMessageBodySize(len(p.Body)),
+	}
+	if p.RoutingKey != "" {
+		attrs = append(attrs, semconv.MessagingRabbitMQDestinationRoutingKey(p.RoutingKey))
+	}
+	if p.CorrelationID != "" {
+		attrs = append(attrs, semconv.MessagingMessageConversationID(p.CorrelationID))
+	}
+	return name, attrs
 }
 
 // session returns the open session, dialling a new one if there is none.

@@ -13,9 +13,12 @@ import (
 // recordManySQL inserts a batch's effects in one statement; the effects
 // already recorded are returned by the second statement for comparison.
 const recordManySQL = `INSERT INTO {ledger} (effect_id, effect_type, consumer, message_id, business_key, target,
-	idempotency_key, request_hash, request, status)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-	$7::text[], $8::bytea[], $9::bytea[], $10::text[])
+	idempotency_key, request_hash, request, status, trace_context)
+SELECT u.id, u.typ, u.consumer, u.message_id, u.business_key, u.target, u.key, u.hash, u.request, u.status,
+	u.trace::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+	$7::text[], $8::bytea[], $9::bytea[], $10::text[], $11::text[])
+	AS u(id, typ, consumer, message_id, business_key, target, key, hash, request, status, trace)
 ON CONFLICT (effect_id) DO NOTHING
 RETURNING effect_id`
 
@@ -65,6 +68,7 @@ func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
 	}
 	hashes := make([][]byte, n)
 	requests := make([][]byte, n)
+	traces := make([]*string, n)
 	notify := false
 	for i, e := range p.entries {
 		cols[0][i], cols[1][i], cols[2][i], cols[3][i] = e.ID, e.Type, e.Consumer, e.MessageID
@@ -72,10 +76,11 @@ func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
 		h := e.RequestHash
 		hashes[i] = h[:]
 		requests[i] = e.Request
+		traces[i] = traceJSON(e.TraceContext)
 		notify = notify || e.Status == StatusPending
 	}
 	rows, err := tx.Query(ctx, p.l.sql.recordMany, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6],
-		hashes, requests, cols[7])
+		hashes, requests, cols[7], traces)
 	if err != nil {
 		return fmt.Errorf("ledger: record %d effects: %w", n, err)
 	}

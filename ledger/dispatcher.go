@@ -16,9 +16,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 // DispatcherConfig configures a Dispatcher.
@@ -61,6 +64,12 @@ type DispatcherConfig struct {
 	RetryBackoffMax time.Duration
 	// Tables says where the ledger's tables live. Default: idem's defaults.
 	Tables idem.Tables
+	// TracerProvider provides the tracer of the dispatch spans. Each
+	// executor call and reconciler lookup runs in a span that is a child of
+	// the span that recorded the effect (see Record), and the executors
+	// start their client or producer spans, from the same provider, under
+	// it. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 }
 
 func (c *DispatcherConfig) setDefaults() {
@@ -91,6 +100,9 @@ func (c *DispatcherConfig) setDefaults() {
 	if c.RetryBackoffMax <= 0 {
 		c.RetryBackoffMax = 10 * time.Minute
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
 }
 
 // Dispatcher carries out recorded effects: it claims due effects in batches
@@ -102,6 +114,7 @@ type Dispatcher struct {
 	cfg     DispatcherConfig
 	sql     *statements
 	metrics *metrics
+	tracer  trace.Tracer
 	log     *slog.Logger
 
 	types     []string // effect types with an executor
@@ -130,7 +143,8 @@ func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: metrics: %w", err)
 	}
-	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger}
+	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger,
+		tracer: cfg.TracerProvider.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
 	for typ, ex := range cfg.Executors {
 		if ex == nil {
 			return nil, fmt.Errorf("ledger: executor for %q is nil", typ)
@@ -349,11 +363,12 @@ func (d *Dispatcher) waitCalls(r *run) {
 	}
 }
 
-// call runs the executor (or the reconciler's lookup) for e and turns what it
-// reports into an outcome.
+// call runs the executor (or the reconciler's lookup) for e, in a span of
+// its own, and turns what it reports into an outcome.
 func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, lookup bool) outcome {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
+	ctx, span := d.startSpan(ctx, e, lookup)
 	ex := d.cfg.Executors[e.Type]
 	c := Call{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey, Target: e.Target,
 		IdempotencyKey: e.IdempotencyKey, Request: e.Request, Attempt: e.AttemptCount}
@@ -369,6 +384,7 @@ func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, look
 		res, err = ex.Execute(ctx, c)
 	}
 	o := d.settle(e, res, err, lookup, ex.DeduplicatesByKey())
+	endSpan(span, o)
 	d.metrics.duration.Record(ctx, time.Since(begin).Seconds(),
 		metric.WithAttributes(typeAttr(e.Type), statusAttr(o.status)))
 	return o

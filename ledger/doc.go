@@ -15,4 +15,21 @@
 // idem.Rebuild effects are written as StatusSuppressed and never dispatched;
 // during idem.Forensic nothing is written and effects are captured in memory
 // (see WithCapture).
+//
+// # Tracing
+//
+// Record keeps the trace context of its ctx (the W3C traceparent and
+// tracestate of the active span) beside the effect. The dispatcher runs each
+// attempt in a span named "dispatch <effect type>" ("lookup <effect type>"
+// for a Reconciler's lookup) that is a child of that span, so an attempt
+// shows up in the trace of the request or message that caused it, however
+// much later and in whichever process it runs; an effect recorded outside
+// any trace gets a root span. Under it HTTPExecutor starts an HTTP client
+// span and AMQPExecutor a producer span, named and attributed after the
+// OpenTelemetry semantic conventions, and each sends its span's context on:
+// in the traceparent header of the request, or in the headers of the
+// published message. W3C Trace Context is propagated even when the
+// application sets no propagator; a global one it sets
+// (otel.SetTextMapPropagator) is used instead. A custom Executor receives the
+// dispatch span in its ctx and injects it with the propagator of its choice.
 package ledger

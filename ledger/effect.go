@@ -107,6 +107,10 @@ type Entry struct {
 	// CompletedAt is when the effect succeeded or failed for good; zero
 	// otherwise.
 	CompletedAt time.Time
+	// TraceContext is the W3C trace context ("traceparent", "tracestate")
+	// of the span that recorded the effect; the dispatcher's span for each
+	// attempt is its child. Nil when Record's context carried no span.
+	TraceContext map[string]string
 }
 
 // MaxResponse is how many bytes of a response the ledger keeps. The hash

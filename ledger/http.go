@@ -8,14 +8,23 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 // HTTPExecutor sends each effect's request as a JSON body to the effect's
 // Target URL, with the effect's idempotency key in the Idempotency-Key
-// header. It classifies the answer:
+// header and the effect's trace context in the traceparent header. It
+// classifies the answer:
 //
 //   - 2xx: succeeded.
 //   - 409 Conflict, 422 Unprocessable Entity and other 4xx: failed_terminal.
@@ -51,19 +60,87 @@ func (e *HTTPExecutor) DeduplicatesByKey() bool { return e.Deduplicates }
 // maxResponseRead bounds how much of a response is read (and hashed).
 const maxResponseRead = 1 << 20
 
-// Execute sends call's request to call.Target.
+// Execute sends call's request to call.Target, in an HTTP client span whose
+// context it sends in the traceparent header (and whatever else the
+// application's propagator writes), so the target continues the effect's
+// trace.
 func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 	method := e.Method
 	if method == "" {
 		method = http.MethodPost
 	}
+	spanName, attrs := tracing.HTTPMethod(method)
+	attrs = append(attrs, targetAttrs(call.Target)...)
+	if call.Attempt > 1 {
+		attrs = append(attrs, semconv.HTTPRequestResendCount(call.Attempt-1))
+	}
+	ctx, span := startCallSpan(ctx, spanName, trace.SpanKindClient, attrs...)
+	res, code, err := e.send(ctx, method, call)
+	errorType := ""
+	switch {
+	case code > 0:
+		span.SetAttributes(semconv.HTTPResponseStatusCode(code))
+		errorType = strconv.Itoa(code)
+	case err != nil:
+		errorType = semconv.ErrorType(err).Value.AsString()
+	}
+	endCallSpan(span, res, errorType, err)
+	return res, err
+}
+
+// send sends the request and classifies the answer; code is the response's
+// status, 0 when none arrived.
+func (e *HTTPExecutor) send(ctx context.Context, method string, call Call) (res Result, code int, err error) {
 	var sent atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaderField: func(string, []string) { sent.Store(true) },
 	})
+	req, err := e.newRequest(ctx, method, call)
+	if err != nil {
+		return Result{Status: StatusFailedTerminal}, 0, err
+	}
+	client := e.Client
+	if client == nil {
+		client = defaultHTTPClient
+	}
+	c := *client
+	c.CheckRedirect = noRedirects
+	resp, err := c.Do(req)
+	if err != nil {
+		if !sent.Load() {
+			return Result{Status: StatusFailedRetryable}, 0, fmt.Errorf("ledger: http %s: not sent: %w", call.EffectID, err)
+		}
+		return Result{Status: StatusUnknown}, 0, fmt.Errorf("ledger: http %s: no answer after sending: %w", call.EffectID, err)
+	}
+	defer resp.Body.Close()
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxResponseRead))
+	res = Result{Response: body}
+	code = resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		res.Status = StatusSucceeded
+		return res, code, nil
+	case code >= 300 && code < 400:
+		res.Status = StatusFailedTerminal // a redirect: the target is misconfigured, nothing was done
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
+		res.Status = StatusFailedRetryable
+		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
+	default:
+		res.Status = StatusFailedTerminal
+	}
+	err = fmt.Errorf("ledger: http %s: %s", call.EffectID, resp.Status)
+	if readErr != nil {
+		err = errors.Join(err, fmt.Errorf("read body: %w", readErr))
+	}
+	return res, code, err
+}
+
+// newRequest builds the request of call, with the executor's headers, the
+// idempotency key and the trace context of ctx.
+func (e *HTTPExecutor) newRequest(ctx context.Context, method string, call Call) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, call.Target, bytes.NewReader(call.Request))
 	if err != nil {
-		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: http %s: build request: %w", call.EffectID, err)
+		return nil, fmt.Errorf("ledger: http %s: build request: %w", call.EffectID, err)
 	}
 	if !e.Deduplicates {
 		// Without GetBody, and with a body that is not http.NoBody (which
@@ -82,41 +159,37 @@ func (e *HTTPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Idempotency-Key", call.IdempotencyKey)
-	client := e.Client
-	if client == nil {
-		client = defaultHTTPClient
+	tracing.Propagator(nil).Inject(ctx, propagation.HeaderCarrier(req.Header))
+	return req, nil
+}
+
+// targetAttrs returns url.full (without credentials and query values, which
+// may hold secrets), server.address and server.port of target.
+func targetAttrs(target string) []attribute.KeyValue {
+	u, err := url.Parse(target)
+	if err != nil || u.Host == "" {
+		return nil
 	}
-	c := *client
-	c.CheckRedirect = noRedirects
-	client = &c
-	resp, err := client.Do(req)
-	if err != nil {
-		if !sent.Load() {
-			return Result{Status: StatusFailedRetryable}, fmt.Errorf("ledger: http %s: not sent: %w", call.EffectID, err)
+	port := 0
+	switch u.Scheme {
+	case "http":
+		port = 80
+	case "https":
+		port = 443
+	}
+	attrs := tracing.ServerAddress(u.Host, port)
+	r := *u
+	if r.User != nil {
+		r.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	if r.RawQuery != "" {
+		q := r.Query()
+		for k := range q {
+			q[k] = []string{"REDACTED"}
 		}
-		return Result{Status: StatusUnknown}, fmt.Errorf("ledger: http %s: no answer after sending: %w", call.EffectID, err)
+		r.RawQuery = q.Encode()
 	}
-	defer resp.Body.Close()
-	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxResponseRead))
-	res := Result{Response: body}
-	code := resp.StatusCode
-	switch {
-	case code >= 200 && code < 300:
-		res.Status = StatusSucceeded
-		return res, nil
-	case code >= 300 && code < 400:
-		res.Status = StatusFailedTerminal // a redirect: the target is misconfigured, nothing was done
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		res.Status = StatusFailedRetryable
-		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
-	default:
-		res.Status = StatusFailedTerminal
-	}
-	err = fmt.Errorf("ledger: http %s: %s", call.EffectID, resp.Status)
-	if readErr != nil {
-		err = errors.Join(err, fmt.Errorf("read body: %w", readErr))
-	}
-	return res, err
+	return append(attrs, semconv.URLFull(r.String()))
 }
 
 // maxRetryAfter caps what a target may ask for with Retry-After.

@@ -8,10 +8,9 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-)
 
-// meterName is the instrumentation scope of the ledger's metrics.
-const meterName = "github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/internal/tracing"
+)
 
 // metrics are the dispatcher's instruments. Attributes are the effect type
 // and status only: effect and message ids never go on metrics.
@@ -29,11 +28,16 @@ type metrics struct {
 	oldestDueBits atomic.Uint64 // float64 seconds
 }
 
+// durationBuckets are the bucket boundaries of the call durations, in
+// seconds: the HTTP semantic conventions' boundaries, up to the default
+// lease. (The SDK's defaults, 0 to 10000, are meant for milliseconds.)
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30, 60}
+
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	m := mp.Meter(meterName)
+	m := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
 	var (
 		ms  metrics
 		err error
@@ -51,7 +55,8 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, err
 	}
 	if ms.duration, err = m.Float64Histogram("idem.ledger.dispatch.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of executor calls, by effect type and outcome status.")); err != nil {
+		metric.WithDescription("Duration of executor calls, by effect type and outcome status."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	if ms.unknownG, err = m.Int64ObservableGauge("idem.ledger.unknown",

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 // Config configures a Ledger.
@@ -43,8 +44,8 @@ func New(cfg Config) (*Ledger, error) {
 // so the dispatchers wake when the transaction commits.
 const recordSQL = `WITH ins AS (
 	INSERT INTO {ledger} (effect_id, effect_type, consumer, message_id, business_key, target,
-		idempotency_key, request_hash, request, status)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		idempotency_key, request_hash, request, status, trace_context)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)
 	ON CONFLICT (effect_id) DO NOTHING
 	RETURNING {columns}
 )
@@ -69,6 +70,11 @@ SELECT {columns}, false FROM {ledger} WHERE effect_id = $1 AND NOT EXISTS (SELEC
 // reaches the handler as above. The entry returned in deferred mode is the
 // one being recorded (status pending or suppressed), not a stored one.
 //
+// Record keeps the trace context of the span in ctx (its W3C traceparent
+// and tracestate) beside the effect, so that every attempt the dispatcher
+// makes continues the trace of the request or message that recorded it.
+// Recording an id again keeps the first trace context.
+//
 // The replay mode in ctx changes what Record does: idem.Rebuild writes the
 // effect as StatusSuppressed (never dispatched); idem.Forensic writes nothing
 // and adds the effect to the Capture from WithCapture, failing with
@@ -78,6 +84,7 @@ func (l *Ledger) Record(ctx context.Context, tx pgx.Tx, e Effect) (Entry, error)
 	if err != nil {
 		return Entry{}, err
 	}
+	entry.TraceContext = tracing.Save(ctx)
 	switch idem.ModeFrom(ctx) {
 	case idem.Forensic:
 		c := captureFrom(ctx)
@@ -99,7 +106,8 @@ func (l *Ledger) Record(ctx context.Context, tx pgx.Tx, e Effect) (Entry, error)
 		inserted bool
 	)
 	b.Queue(l.sql.record, entry.ID, entry.Type, entry.Consumer, entry.MessageID, entry.BusinessKey,
-		entry.Target, entry.IdempotencyKey, entry.RequestHash[:], entry.Request, string(entry.Status)).
+		entry.Target, entry.IdempotencyKey, entry.RequestHash[:], entry.Request, string(entry.Status),
+		traceJSON(entry.TraceContext)).
 		QueryRow(func(row pgx.Row) error {
 			var err error
 			got, err = scanEntry(extraColumn{row, &inserted})
@@ -164,6 +172,17 @@ func prepare(e Effect) (Entry, error) {
 		Request:        req,
 		Status:         StatusPending,
 	}, nil
+}
+
+// traceJSON returns a trace context as the JSON text of the trace_context
+// column, or nil (NULL) when there is none.
+func traceJSON(m map[string]string) *string {
+	if len(m) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(m) // a map of strings always encodes
+	s := string(b)
+	return &s
 }
 
 // extraColumn scans entryColumns followed by one more column.

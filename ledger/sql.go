@@ -17,7 +17,8 @@ import (
 // in scanEntry's order.
 const entryColumns = `effect_id, effect_type, consumer, message_id, business_key, target,
 	idempotency_key, request_hash, request, status, attempt_count, next_attempt_at,
-	locked_until, lock_owner, last_error, response_hash, response, created_at, completed_at`
+	locked_until, lock_owner, last_error, response_hash, response, created_at, completed_at,
+	trace_context`
 
 // statements holds the ledger's SQL with the table names filled in once.
 type statements struct {
@@ -81,7 +82,8 @@ func scanEntry(row pgx.Row) (Entry, error) {
 	)
 	err := row.Scan(&e.ID, &e.Type, &e.Consumer, &e.MessageID, &e.BusinessKey, &e.Target,
 		&e.IdempotencyKey, &reqHash, &e.Request, &status, &e.AttemptCount, &e.NextAttemptAt,
-		&lockedUntil, &lockOwner, &e.LastError, &respHash, &e.Response, &e.CreatedAt, &completedAt)
+		&lockedUntil, &lockOwner, &e.LastError, &respHash, &e.Response, &e.CreatedAt, &completedAt,
+		&e.TraceContext)
 	if err != nil {
 		return Entry{}, err
 	}

@@ -13,13 +13,20 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/prommetrics"
 )
 
 func workerCommand(ctx context.Context, o options, args []string) error {
 	fs := flag.NewFlagSet("orders worker", flag.ContinueOnError)
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	metrics, err := prommetrics.Serve(*metricsAddr, o.logger)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
 	pool, err := setup(ctx, o)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/prommetrics"
 )
 
 // The HTTP edge of the payments example: POST /captures takes a capture
@@ -33,7 +34,9 @@ const (
 	effectCaptureRequested = "publish.capture_requested"
 	// apiName is stored as the effect's consumer, for operators.
 	apiName = "payments-api"
-	// callerHeader names the caller in this example. See callerFromHeader.
+	// tenantHeader and callerHeader name the tenant and the caller in this
+	// example. See callerFromHeader.
+	tenantHeader = "X-Tenant-ID"
 	callerHeader = "X-Caller-ID"
 	// maxCaptureRequestID bounds the {id} of GET /captures/{id}.
 	maxCaptureRequestID = 64
@@ -109,14 +112,18 @@ func apiCapturesTable(t idem.Tables) string {
 	return pgx.Identifier{t.WithDefaults().Schema, "api_captures"}.Sanitize()
 }
 
-// callerFromHeader is the caller of a request: keys are scoped per (tenant,
-// caller), so two callers never see each other's stored responses.
+// tenantFromHeader and callerFromHeader are the tenant and the caller of a
+// request: keys are scoped per (tenant, caller), so two callers never see
+// each other's stored responses.
 //
-// THIS IS FOR THE EXAMPLE ONLY. A production API MUST take the caller from
-// authentication (the verified token's subject, the API key's owner), never
-// from a header the client sets freely: a client that can name another caller
-// can replay that caller's stored responses by guessing its keys. The tenant
-// (X-Tenant-ID, httpinbox's default) needs the same treatment.
+// THIS IS FOR THE EXAMPLE ONLY. A production API MUST take both from
+// authentication (the verified token's tenant and subject, the API key's
+// owner), never from headers the client sets freely: a client that can name
+// another caller can replay that caller's stored responses by guessing its
+// keys.
+func tenantFromHeader(r *http.Request) string { return r.Header.Get(tenantHeader) }
+
+// callerFromHeader: see tenantFromHeader.
 func callerFromHeader(r *http.Request) string { return r.Header.Get(callerHeader) }
 
 // newAPI creates the api_captures table and returns the API for cfg.
@@ -135,6 +142,7 @@ func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
 	}
 	keys, err := httpinbox.New(cfg.pool, httpinbox.Config{
 		Caller: callerFromHeader,
+		Tenant: tenantFromHeader,
 		Expiry: cfg.expiry,
 		Lease:  cfg.lease,
 		Logger: cfg.logger,
@@ -321,7 +329,7 @@ func (a *api) getCapture(w http.ResponseWriter, r *http.Request) {
 		published, captured string
 		received            bool
 	)
-	err := a.pool.QueryRow(r.Context(), a.status, id, r.Header.Get(httpinbox.DefaultTenantHeader), callerFromHeader(r),
+	err := a.pool.QueryRow(r.Context(), a.status, id, tenantFromHeader(r), callerFromHeader(r),
 		ledger.EffectID(effectCaptureRequested, id), ledger.EffectID(effectCapture, id)).
 		Scan(&v.OrderID, &v.Amount, &v.Currency, &published, &received, &captured)
 	switch {
@@ -398,10 +406,16 @@ func runAPI(ctx context.Context, args []string) error {
 	wait := fs.Duration("wait", 2*time.Second, "how long a request whose key is in progress waits for the first request's answer before 409")
 	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
 	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
+	metrics, err := prommetrics.Serve(*metricsAddr, log)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err

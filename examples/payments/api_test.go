@@ -110,7 +110,7 @@ func newCaptureRequest(url, tenant, caller, key, body string) *http.Request {
 		panic(err) // the URL is the test's own
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Tenant-ID", tenant)
+	req.Header.Set(tenantHeader, tenant)
 	req.Header.Set(callerHeader, caller)
 	if key != "" {
 		req.Header.Set(httpinbox.HeaderKey, key)
@@ -148,7 +148,7 @@ func (e *apiEnv) get(tenant, caller, id string) reply {
 	e.t.Helper()
 	req, err := http.NewRequest(http.MethodGet, e.url+"/captures/"+id, nil)
 	require.NoError(e.t, err)
-	req.Header.Set("X-Tenant-ID", tenant)
+	req.Header.Set(tenantHeader, tenant)
 	req.Header.Set(callerHeader, caller)
 	return e.do(req)
 }

@@ -146,7 +146,7 @@ func postCapture(ctx context.Context, client *http.Client, apiURL, key string, a
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("X-Tenant-ID", demoTenant)
+	req.Header.Set(tenantHeader, demoTenant)
 	req.Header.Set(callerHeader, demoCaller)
 	resp, err := client.Do(req)
 	if err != nil {

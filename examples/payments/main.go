@@ -7,9 +7,9 @@
 // lost after the charge all end in exactly one charge per capture request.
 //
 //	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1]
-//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested]
+//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464]
 //	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad]
-//	go run ./examples/payments api     -addr 127.0.0.1:8098 [-wait 2s] [-lease 30s] [-expiry 24h]
+//	go run ./examples/payments api     -addr 127.0.0.1:8098 [-wait 2s] [-lease 30s] [-expiry 24h] [-metrics-addr 127.0.0.1:9465]
 //	go run ./examples/payments demo    [-n 1000] [-http=true] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
 //
 // The api subcommand serves POST /captures with a required Idempotency-Key

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/prommetrics"
 )
 
 // workerConfig says what a worker consumes and where it sends captures.
@@ -127,10 +128,16 @@ func runWorker(ctx context.Context, args []string) error {
 	queue := fs.String("queue", defaultQueue, "queue to consume")
 	gatewayURL := fs.String("gateway-url", "http://127.0.0.1:8099", "base URL of the payment gateway")
 	timeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
+	metrics, err := prommetrics.Serve(*metricsAddr, log)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err

@@ -43,6 +43,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.n, "n", 10000, "deposits to publish")
 	fs.Float64Var(&o.dup, "dup", 0.3, "fraction of deposits published a second time (same id and body)")
 	fs.IntVar(&o.accounts, "accounts", 20, "number of accounts")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "worker: serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -62,6 +63,7 @@ func run(ctx context.Context, args []string) error {
 
 type options struct {
 	pgURL, amqpURL, queue, schema string
+	metricsAddr                   string
 	n, accounts                   int
 	dup                           float64
 }

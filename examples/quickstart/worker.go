@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/prommetrics"
 )
 
 // deposit is the message body.
@@ -86,6 +87,11 @@ func accountOf(m *consumer.Message) string {
 
 // worker runs the consumer until ctx is cancelled, logging counts each second.
 func worker(ctx context.Context, o options, logger *slog.Logger) error {
+	metrics, err := prommetrics.Serve(o.metricsAddr, logger)
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
 	pool, tables, err := setup(ctx, o)
 	if err != nil {
 		return err

@@ -28,7 +28,7 @@ func benchSetup(b *testing.B) (*httpinbox.Middleware, *pgxpool.Pool, func(ctx co
 		` (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, key_id text NOT NULL, amount bigint NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	m, err := httpinbox.New(pool, httpinbox.Config{Tables: tables})
+	m, err := httpinbox.New(pool, httpinbox.Config{Tables: tables, SharedScope: true})
 	if err != nil {
 		b.Fatal(err)
 	}

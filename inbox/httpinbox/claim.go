@@ -122,6 +122,23 @@ const (
 	outcomeLimited                   // the caller may not create another key yet
 )
 
+// String names the outcome on spans.
+func (o outcome) String() string {
+	switch o {
+	case outcomeRun:
+		return "run"
+	case outcomeReplay:
+		return "replayed"
+	case outcomeConflict:
+		return "conflict"
+	case outcomeInProgress:
+		return "in_progress"
+	case outcomeLimited:
+		return "limited"
+	}
+	return "unknown"
+}
+
 // record is the stored part of a key that a replay needs.
 type record struct {
 	fingerprint []byte

@@ -12,7 +12,7 @@ import (
 func TestCleanupChunkDeletesAtMostChunkRows(t *testing.T) {
 	t.Parallel()
 	pool, tables := testdb.Schema(t)
-	m, err := New(pool, Config{Tables: tables})
+	m, err := New(pool, Config{Tables: tables, SharedScope: true})
 	require.NoError(t, err)
 	_, err = pool.Exec(context.Background(), `INSERT INTO `+tables.Table("http_keys")+`
 		(key_id, tenant, caller, operation, idempotency_key, fingerprint, expires_at)

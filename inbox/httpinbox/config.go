@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 )
@@ -20,8 +22,6 @@ const (
 	DefaultMaxRequestBytes    = 1 << 20
 	DefaultMaxStoredBodyBytes = 64 << 10
 	DefaultRetryAfter         = time.Second
-	// DefaultTenantHeader is the header the default Tenant function reads.
-	DefaultTenantHeader = "X-Tenant-ID"
 )
 
 // maxScopeLength bounds tenant and caller values, which may come from
@@ -35,7 +35,14 @@ var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "ETag", 
 // ErrConfig is returned (wrapped) by New for an unusable Config.
 var ErrConfig = errors.New("httpinbox: invalid config")
 
-// Config configures a Middleware. The zero value works; every field states
+// ErrNoScope is returned by New for a Config without a Caller or Tenant
+// function and without SharedScope: such a middleware would put every
+// caller's keys in one space, and a caller who reuses another's key would
+// receive that caller's stored response. It matches ErrConfig too.
+var ErrNoScope = fmt.Errorf("%w: no Caller or Tenant function scopes the keys (set one, or SharedScope for a single-tenant internal service)", ErrConfig)
+
+// Config configures a Middleware. A Config must say whose keys are whose:
+// set Caller or Tenant (or both), or SharedScope. Every other field states
 // its default.
 type Config struct {
 	// Caller returns the caller a request belongs to; keys are scoped per
@@ -43,7 +50,7 @@ type Config struct {
 	// token's subject, the API key's owner), never from a value the client
 	// chooses freely: a caller that can name another caller can read that
 	// caller's stored responses by guessing keys. Values must be valid UTF-8
-	// without NUL, at most 255 bytes. Default: "" for every request.
+	// without NUL, at most 255 bytes. Default: none; see SharedScope.
 	Caller func(*http.Request) string
 	// Expiry is how long a key is kept after its first request; a request
 	// that arrives later with the same key runs as new. It must exceed the
@@ -69,7 +76,9 @@ type Config struct {
 	// is sent to the first caller but stored without its body, like a route
 	// with OmitBody. Default: 64 KiB.
 	MaxStoredBodyBytes int
-	// MeterProvider provides the counters. Default: the global provider.
+	// MeterProvider provides the counters and the request duration
+	// histogram (http.server.request.duration). Default: the global
+	// provider.
 	MeterProvider metric.MeterProvider
 	// NewKeysPerMinute limits how many new keys one (tenant, caller) may
 	// create in a minute; a request over the limit is answered 429. Requests
@@ -79,6 +88,13 @@ type Config struct {
 	NewKeysPerMinute int
 	// RetryAfter is the Retry-After sent with a 409 "in progress". Default: 1s.
 	RetryAfter time.Duration
+	// SharedScope puts every caller's keys in one key space: a request with
+	// another caller's key receives that caller's stored response. Only for
+	// a single-tenant internal service whose callers all trust each other.
+	// It must be set explicitly when Caller and Tenant are both nil (New
+	// fails with ErrNoScope otherwise), and cannot be combined with them.
+	// Default: false.
+	SharedScope bool
 	// StoredHeaders lists the response headers stored with a response and
 	// sent again on replay; others reach the first caller only. Default:
 	// DefaultStoredHeaders.
@@ -86,19 +102,26 @@ type Config struct {
 	// Tables says where the http_keys table lives. Default: idem's defaults.
 	Tables idem.Tables
 	// Tenant returns the tenant a request belongs to; keys are scoped per
-	// tenant. Values must be valid UTF-8 without NUL, at most 255 bytes.
-	// Default: the X-Tenant-ID header, empty allowed.
+	// tenant. Like Caller it MUST come from authentication, not from a value
+	// the client chooses freely. Values must be valid UTF-8 without NUL, at
+	// most 255 bytes. Default: none; see SharedScope.
 	Tenant func(*http.Request) string
+	// TracerProvider provides the tracer of the server spans: every request
+	// runs in a span that follows the HTTP semantic conventions and
+	// continues the trace of an incoming traceparent. The handler's context
+	// carries it, so a ledger effect or outbox message it records continues
+	// the trace too. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
 	// Wait bounds how long a request whose key is in progress waits for the
 	// first request to finish (and then receives its response) before it is
 	// answered 409. Default: 0, answer 409 at once.
 	Wait time.Duration
 }
 
+// noScope is the Caller or Tenant of a request when the Config has none.
+func noScope(*http.Request) string { return "" }
+
 func (c Config) withDefaults() Config {
-	if c.Caller == nil {
-		c.Caller = func(*http.Request) string { return "" }
-	}
 	if c.Expiry == 0 {
 		c.Expiry = DefaultExpiry
 	}
@@ -120,18 +143,34 @@ func (c Config) withDefaults() Config {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
 	if c.StoredHeaders == nil {
 		c.StoredHeaders = DefaultStoredHeaders
 	}
 	c.Tables = c.Tables.WithDefaults()
+	return c
+}
+
+// scoped returns c with "" for the scope functions it does not set, after
+// validate has checked that this is what c asks for.
+func (c Config) scoped() Config {
+	if c.Caller == nil {
+		c.Caller = noScope
+	}
 	if c.Tenant == nil {
-		c.Tenant = func(r *http.Request) string { return r.Header.Get(DefaultTenantHeader) }
+		c.Tenant = noScope
 	}
 	return c
 }
 
 func (c Config) validate() error {
 	switch {
+	case c.Caller == nil && c.Tenant == nil && !c.SharedScope:
+		return ErrNoScope
+	case c.SharedScope && (c.Caller != nil || c.Tenant != nil):
+		return fmt.Errorf("%w: SharedScope cannot be combined with a Caller or Tenant function", ErrConfig)
 	case c.Expiry < 0, c.Lease < 0, c.MaxKeyLength < 0, c.MaxRequestBytes < 0,
 		c.MaxStoredBodyBytes < 0, c.NewKeysPerMinute < 0, c.RetryAfter < 0, c.Wait < 0:
 		return fmt.Errorf("%w: negative duration or limit", ErrConfig)

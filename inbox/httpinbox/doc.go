@@ -25,8 +25,33 @@
 // record therefore proves that the handler's transaction did not commit; the
 // database, not the middleware's memory, decides.
 //
+// # Scope
+//
+// A key is never global: it belongs to the (tenant, caller) that sent it,
+// and a request with another caller's key runs as that caller's own request.
+// Config.Caller and Config.Tenant say who a request belongs to, and must be
+// taken from authentication, never from a value the client picks. New
+// refuses a Config with neither (ErrNoScope) unless Config.SharedScope says
+// explicitly that every caller shares one key space, which is only right for
+// a single-tenant internal service.
+//
+// # Identity
+//
 // The handler's effect identity must come from the record, not from the
 // request: FromContext(ctx).KeyID() is stable across retries, so an event or
 // ledger effect recorded with it keeps one identity however often the key is
 // replayed or re-run.
+//
+// # Tracing
+//
+// Every request runs in a server span named and attributed after the HTTP
+// semantic conventions ("POST /payments", http.request.method, http.route,
+// http.response.status_code, …) plus idem.http.operation, idem.http.key_id
+// and idem.http.decision (run, replayed, conflict, in_progress, limited,
+// rejected). It continues the trace of an incoming traceparent: W3C Trace
+// Context is read even when the application sets no propagator. The
+// handler's context carries the span, so a ledger effect it records, such as
+// an outbox message, continues the request's trace when the dispatcher
+// carries it out. The request duration is recorded as
+// http.server.request.duration.
 package httpinbox

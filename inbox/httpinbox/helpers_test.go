@@ -32,6 +32,8 @@ type fixture struct {
 	runs     atomic.Int64 // handler invocations, committed or not
 }
 
+// newFixture scopes keys by the X-Tenant-ID and X-Test-Caller headers
+// unless cfg sets a scope of its own or SharedScope.
 func newFixture(t *testing.T, cfg httpinbox.Config) *fixture {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
@@ -42,6 +44,16 @@ func newFixture(t *testing.T, cfg httpinbox.Config) *fixture {
 		amount bigint NOT NULL)`)
 	require.NoError(t, err)
 	cfg.Tables = tables
+	if !cfg.SharedScope {
+		// Stand-ins for authentication: a real service takes both from the
+		// verified credentials, never from headers the client sets.
+		if cfg.Tenant == nil {
+			cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant-ID") }
+		}
+		if cfg.Caller == nil {
+			cfg.Caller = func(r *http.Request) string { return r.Header.Get("X-Test-Caller") }
+		}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

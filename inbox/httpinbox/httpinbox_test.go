@@ -197,7 +197,7 @@ func TestFingerprintIgnoresHeadersButNotPath(t *testing.T) {
 
 func TestKeyIsScopedByTenantCallerAndOperation(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, httpinbox.Config{Caller: func(r *http.Request) string { return r.Header.Get("X-Test-Caller") }})
+	f := newFixture(t, httpinbox.Config{})
 	pay := f.handler(httpinbox.Route{})
 	refund := f.handler(httpinbox.Route{Operation: "payments.refund"})
 	body := `{"amount": 5}`

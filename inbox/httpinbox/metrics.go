@@ -6,15 +6,20 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/httpconv"
+
+	"github.com/idemkit/idem/internal/tracing"
 )
 
-// meterName is the instrumentation scope of the counters.
-const meterName = "github.com/idemkit/idem/inbox/httpinbox"
+// instrumentation is the instrumentation scope of the spans and metrics.
+const instrumentation = "github.com/idemkit/idem/inbox/httpinbox"
 
-// metrics are the middleware's counters. Each carries the route's operation
-// as its only attribute (cleanup counts carry none); keys never become
-// attributes.
+// metrics are the middleware's instruments. Each counter carries the route's
+// operation as its only attribute (cleanup counts carry none); keys never
+// become attributes. duration is the semantic conventions' request duration,
+// by method, scheme, route and status.
 type metrics struct {
+	duration   httpconv.ServerRequestDuration
 	started    metric.Int64Counter // handler runs begun (first requests and takeovers)
 	replayed   metric.Int64Counter // stored responses sent again
 	conflict   metric.Int64Counter // keys reused with a different fingerprint (422)
@@ -27,7 +32,7 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	meter := mp.Meter(meterName)
+	meter := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
 	var (
 		m    metrics
 		errs []error
@@ -43,6 +48,9 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	m.inProgress = counter("idem.http_keys.in_progress", "Requests answered 409 because their key was in progress.")
 	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired.")
 	m.unknown = counter("idem.http_keys.unknown", "Requests whose outcome the server cannot prove.")
+	var err error
+	m.duration, err = httpconv.NewServerRequestDuration(meter)
+	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {
 			return metrics{}, fmt.Errorf("httpinbox: create counters: %w", err)

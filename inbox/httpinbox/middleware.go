@@ -15,6 +15,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 // Handler is an application handler behind the middleware. It gets the
@@ -69,16 +73,20 @@ type Middleware struct {
 	sql     statements
 	stored  map[string]bool // canonical names of the stored headers
 	metrics metrics
+	tracer  trace.Tracer
 	log     *slog.Logger
 }
 
 // New returns a Middleware that keeps its records in pool, in the http_keys
-// table of cfg.Tables (created by package migrate).
+// table of cfg.Tables (created by package migrate). It fails with ErrNoScope
+// when cfg says neither how keys are scoped (Caller, Tenant) nor that they
+// are shared (SharedScope), and with ErrConfig for other invalid settings.
 func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.scoped()
 	met, err := newMetrics(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
@@ -89,6 +97,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 		sql:     newStatements(cfg.Tables),
 		stored:  make(map[string]bool, len(cfg.StoredHeaders)),
 		metrics: met,
+		tracer:  cfg.TracerProvider.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL)),
 		log:     cfg.Logger,
 	}
 	for _, h := range cfg.StoredHeaders {
@@ -117,25 +126,37 @@ type endpoint struct {
 // gone: commit, rollback, release.
 const detachedTimeout = 10 * time.Second
 
+// ServeHTTP runs the request in a server span (see startSpan) and serves it.
 func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	x, w, r := e.startSpan(w, r)
+	defer e.end(r.Context(), x)
+	e.serve(w, r)
+}
+
+// serve decides what to do with the request's key and does it.
+func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	m := e.m
 	key, err := parseKey(r.Header, m.cfg.MaxKeyLength)
 	switch {
 	case errors.Is(err, errNoKey) && e.route.KeyOptional:
 		if body, ok := e.readBody(w, r); ok {
 			r.Body = io.NopCloser(bytes.NewReader(body))
+			decide(r.Context(), "run", nil)
 			e.execute(w, r, nil)
 		}
 		return
 	case errors.Is(err, errNoKey):
+		decide(r.Context(), "rejected", nil)
 		writeProblem(w, http.StatusBadRequest, CodeMissingKey, "this operation requires an Idempotency-Key header", 0)
 		return
 	case err != nil:
+		decide(r.Context(), "rejected", nil)
 		writeProblem(w, http.StatusBadRequest, CodeInvalidKey, err.Error(), 0)
 		return
 	}
 	tenant, caller := m.cfg.Tenant(r), m.cfg.Caller(r)
 	if !validScope(tenant) || !validScope(caller) {
+		decide(r.Context(), "rejected", nil)
 		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
 			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
 		return
@@ -157,8 +178,14 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if template == "" {
 		template = r.Pattern
 	}
-	fp := fingerprint(r, template, tenant, caller, e.route.Operation, body)
+	e.answer(w, r, c, fingerprint(r, template, tenant, caller, e.route.Operation, body))
+}
 
+// answer claims c for the request with fingerprint fp and answers: it runs
+// the handler, replays the stored response, or refuses, waiting up to
+// Config.Wait for a key in progress.
+func (e *endpoint) answer(w http.ResponseWriter, r *http.Request, c *Claim, fp idem.Hash) {
+	m := e.m
 	ctx := r.Context()
 	var deadline time.Time
 	if m.cfg.Wait > 0 {
@@ -171,6 +198,9 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.log.Error("httpinbox: claim failed", "operation", c.operation, "key_id", c.id.Short(), "error", err)
 			writeProblem(w, http.StatusInternalServerError, CodeInternal, "the idempotency store failed", 0)
 			return
+		}
+		if out != outcomeInProgress || time.Until(deadline) <= 0 {
+			decide(ctx, out.String(), c)
 		}
 		switch out {
 		case outcomeRun:

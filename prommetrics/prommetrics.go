@@ -1,0 +1,116 @@
+// Package prommetrics serves idem's OpenTelemetry metrics to Prometheus: one
+// call in a worker's main makes every idem instrument (consumer, ledger
+// dispatcher, HTTP edge) scrapeable at /metrics, through the OpenTelemetry
+// Prometheus exporter.
+//
+//	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
+//	…
+//	metrics, err := prommetrics.Serve(*metricsAddr, logger)
+//	if err != nil {
+//		return err
+//	}
+//	defer metrics.Close()
+//
+// Names are translated the Prometheus way: idem.consumer.messages becomes
+// idem_consumer_messages_total, a duration in seconds gets _seconds. The
+// guide docs/observability.md lists them with the Grafana dashboard that
+// reads them.
+package prommetrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/otlptranslator"
+	"go.opentelemetry.io/otel"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// Server serves the metrics until Close. Its methods are safe on the
+// Server that Serve returns for an empty address, and do nothing there.
+type Server struct {
+	ln       net.Listener
+	srv      *http.Server
+	provider *sdkmetric.MeterProvider
+	done     chan struct{} // closed when the serving goroutine returns
+}
+
+// Serve installs a MeterProvider that exports through the OpenTelemetry
+// Prometheus exporter as the global provider (otel.SetMeterProvider), so
+// that every component left at its default MeterProvider reports to it, and
+// serves GET /metrics on addr in the background until Close. The Go runtime
+// and process collectors are served beside idem's metrics.
+//
+// With addr "" it does nothing and returns a Server whose Close does
+// nothing, so the default of a flag can leave metrics off.
+func Serve(addr string, logger *slog.Logger) (*Server, error) {
+	if addr == "" {
+		return &Server{}, nil
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, fmt.Errorf("prommetrics: register go collector: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, fmt.Errorf("prommetrics: register process collector: %w", err)
+	}
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg),
+		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
+	if err != nil {
+		return nil, fmt.Errorf("prommetrics: exporter: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("prommetrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s := &Server{
+		ln:       ln,
+		srv:      &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)),
+		done:     make(chan struct{}),
+	}
+	otel.SetMeterProvider(s.provider)
+	go func() {
+		defer close(s.done)
+		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("prommetrics: serve metrics", "addr", ln.Addr().String(), "error", err)
+		}
+	}()
+	logger.Info("serving Prometheus metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return s, nil
+}
+
+// Addr returns the address the metrics are served on, "" when off.
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Close stops serving, waiting at most 5 seconds for scrapes in progress,
+// and shuts the MeterProvider down.
+func (s *Server) Close() error {
+	if s.srv == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(ctx)
+	<-s.done
+	return errors.Join(err, s.provider.Shutdown(ctx))
+}
