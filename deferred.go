@@ -42,6 +42,13 @@ func (d *Deferred) Use(key any, create func() Flusher) Flusher {
 	return f
 }
 
+// Empty reports whether no Flusher was used: nothing waits for the flush.
+func (d *Deferred) Empty() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.keys) == 0
+}
+
 // Flush runs every Flusher in the order they were first used.
 func (d *Deferred) Flush(ctx context.Context, tx pgx.Tx) error {
 	d.mu.Lock()

@@ -57,6 +57,7 @@ type plan struct {
 	savepoints  bool          // a savepoint per handler
 	newClaims   bool          // claim with a plain INSERT (ClaimNewBatch)
 	lockTimeout time.Duration // the transaction's lock_timeout
+	serial      bool          // take the consumer's advisory lock first (see governor)
 	fixed       []Result      // results decided before this attempt; zero Outcome: run the item
 }
 
@@ -118,8 +119,12 @@ type batch struct {
 	deferred *idem.Deferred
 	// handlerCtx is what every handler's context derives from.
 	handlerCtx context.Context
-	unclaim    []string // claims of Deferred items, removed before commit
-	stopAt     int      // InOrder: index of the first retried item, -1 for none
+	unclaim    []string       // claims of Deferred items, removed before commit
+	stopAt     int            // InOrder: index of the first retried item, -1 for none
+	done       []bool         // items whose handler completed
+	runnable   []int          // the items claimed, in batch order
+	decisions  []inbox.Result // their claims, indexed like items
+	ended      bool           // a handler ended the transaction past the guard
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -148,7 +153,7 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, o *Options, p *plan
 }
 
 func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *plan, w *watch) *batch {
-	b := &batch{e: e, o: o, p: p, items: items, watch: w, stopAt: -1,
+	b := &batch{e: e, o: o, p: p, items: items, watch: w, stopAt: -1, done: make([]bool, len(items)),
 		results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
 	b.scope = o.Scope
 	if b.scope == "" {
@@ -228,6 +233,13 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		sb.WriteString(name)
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
+	}
+	if p.serial {
+		// Queue behind the other processes' batches of this consumer.
+		setMillis("lock_timeout", e.cfg.HandlerTimeout)
+		sb.WriteString("; SELECT pg_advisory_xact_lock(")
+		sb.WriteString(strconv.FormatInt(e.serialKey, 10))
+		sb.WriteString(")")
 	}
 	setMillis("lock_timeout", p.lockTimeout)
 	setMillis("idle_in_transaction_session_timeout", e.cfg.HandlerTimeout+abandonGrace+5*time.Second)

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/pglock"
 )
 
 // Config configures an Engine. Every field is required unless its comment
@@ -93,6 +94,9 @@ type Engine struct {
 	classicClaims atomic.Int64
 	// major caches the server's major version (0: not read yet).
 	major atomic.Int32
+	// serialKey is the advisory lock that serializes the consumer's batches
+	// across processes while they contend (see governor).
+	serialKey int64
 }
 
 // New returns an Engine for cfg.
@@ -102,7 +106,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	return &Engine{cfg: cfg, inbox: ib, tel: cfg.Telemetry, gov: newGovernor(cfg.MaxConcurrency),
-		sql: newStatements(cfg.Tables)}, nil
+		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name)}, nil
 }
 
 // SetBatchHandler sets the handler that runs all of a batch's new items at

@@ -4,14 +4,24 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // governor admits batches. Up to limit run at once: limit halves when
 // batches contend for rows (each conflict is a retry) and grows by one after
 // a run of limit batches without contention, up to MaxConcurrency, so that
 // concurrency backs off only as much as contention demands and recovers in
-// a few batches. A suspect message runs alone: no batch is admitted while
-// it waits for the running ones to finish, or while it runs.
+// a few batches.
+//
+// Contention that goes on while only one batch runs in this process comes
+// from other processes with the same consumer: the governor then serializes
+// its batches across processes too — each takes a transaction-scoped
+// advisory lock of the consumer first, so batches of every process queue on
+// it instead of timing out on each other's rows — and every probeEvery it
+// tries a batch without it, staying serialized if that one conflicts.
+//
+// A suspect message runs alone: no batch is admitted while it waits for the
+// running ones to finish, or while it runs.
 type governor struct {
 	mu      sync.Mutex
 	max     int
@@ -20,10 +30,18 @@ type governor struct {
 	alone   bool // a suspect runs
 	waiting int  // suspects waiting to run alone
 	streak  int  // batches without contention since limit last changed
-	changed chan struct{}
+	// serialUntil, when in the future, serializes batches across processes;
+	// at that time one batch probes without the lock.
+	serialUntil time.Time
+	probing     bool
+	changed     chan struct{}
 	// Limit mirrors limit for telemetry and Stats.
 	Limit atomic.Int64
 }
+
+// probeEvery is how long batches stay serialized across processes before
+// one tries without the lock.
+const probeEvery = 2 * time.Second
 
 func newGovernor(n int) *governor {
 	n = max(n, 1)
@@ -54,18 +72,23 @@ func (g *governor) wait(ctx context.Context, abandon <-chan struct{}) bool {
 	}
 }
 
-// admit waits for a batch's turn; release ends it. ok is false when ctx
-// ended or abandon closed first.
-func (g *governor) admit(ctx context.Context, abandon <-chan struct{}) (release func(), ok bool) {
+// admit waits for a batch's turn; release ends it. serial says the batch
+// must take the consumer's advisory lock. ok is false when ctx ended or
+// abandon closed first.
+func (g *governor) admit(ctx context.Context, abandon <-chan struct{}) (release func(), serial, ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for g.alone || g.waiting > 0 || g.running >= g.limit {
 		if !g.wait(ctx, abandon) {
-			return nil, false
+			return nil, false, false
 		}
 	}
 	g.running++
-	return g.leave, true
+	serial = !g.serialUntil.IsZero()
+	if serial && !g.probing && time.Now().After(g.serialUntil) {
+		g.probing, serial = true, false // this one tries without the lock
+	}
+	return g.leave, serial, true
 }
 
 func (g *governor) leave() {
@@ -97,11 +120,23 @@ func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (rele
 	}, true
 }
 
-// done records how a batch transaction ended.
-func (g *governor) done(contention bool) {
+// done records how a batch transaction ended; serial says whether it held
+// the consumer's advisory lock.
+func (g *governor) done(contention, serial bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if !serial && g.probing {
+		g.probing = false
+		if contention {
+			g.serialUntil = time.Now().Add(probeEvery)
+		} else {
+			g.serialUntil = time.Time{} // the probe went through: parallel again
+		}
+	}
 	switch {
+	case contention && g.limit == 1 && !serial:
+		g.serialUntil = time.Now().Add(probeEvery) // conflicts with other processes
+		g.streak = 0
 	case contention:
 		g.limit = max(1, g.limit/2)
 		g.streak = 0

@@ -15,6 +15,7 @@ import (
 // each item's result. Without savepoints the first failure abandons the
 // attempt (errNeedSavepoints); with them it rolls back only its item.
 func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inbox.Result) error {
+	b.runnable, b.decisions = runnable, decisions
 	var together []int // with a batch handler: the items it runs at once
 	var rerunIDs map[string]bool
 	savepoint := false
@@ -57,6 +58,9 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 			savepoint = true
 		}
 		if err := b.runOne(ctx, i, d); err != nil {
+			if b.ended {
+				b.repairEndedTx(ctx)
+			}
 			return err
 		}
 	}
@@ -99,6 +103,7 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	}
 	if herr == nil {
 		b.results[i].Outcome = Processed
+		b.done[i] = true
 		return nil
 	}
 	if isContention(herr) && !b.o.ReadOnly {
@@ -134,6 +139,12 @@ func (b *batch) runTogether(ctx context.Context, together []int) error {
 	var ex *excludeError
 	switch {
 	case errors.As(err, &ex):
+		if b.ended {
+			for _, i := range together {
+				b.done[i] = true // the batch handler ran them all
+			}
+			b.repairEndedTx(ctx)
+		}
 		return errNeedSavepoints // message by message, to find the culprit
 	case err != nil:
 		return err
@@ -187,8 +198,9 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	case timedOut:
 		return nil, exclude(b.e.classify(it, &TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
 	case b.htx.violated.Load() || status == 'I' && !b.tx.Conn().IsClosed():
+		b.ended = status == 'I'
 		b.e.cfg.Logger.Error("handler tried to end the batch transaction: nothing of the batch is acked, the message is dead-lettered",
-			"message_id", shortID(it.ID), "error", herr)
+			"message_id", shortID(it.ID), "ended", b.ended, "error", herr)
 		return nil, exclude(Result{Outcome: DeadLettered, Reason: deadletters.ReasonHandlerEndedTx,
 			Err: fmt.Errorf("%w: %v", ErrTransactionControl, herr)})
 	case b.tx.Conn().IsClosed():
@@ -197,4 +209,30 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 		return errAbortedByHandler, nil // the handler swallowed a failed statement
 	}
 	return herr, nil
+}
+
+// repairEndedTx undoes what a handler that ended the batch transaction
+// past the guard (a COMMIT through tx.Conn()) committed before its time: the
+// inbox rows claimed for messages whose handler had not completed — and, if
+// deferred writes were waiting (lost with the transaction), for those whose
+// handler had. The rows are deleted on the same connection, now outside any
+// transaction; the batch then runs again without the offending message.
+// Writes the handlers made with tx.Exec before the early commit stay: a
+// handler that ends the runtime's transaction is a bug, and this limits the
+// damage to what it did itself.
+func (b *batch) repairEndedTx(ctx context.Context) {
+	lost := b.deferred != nil && !b.deferred.Empty()
+	var ids []string
+	for _, i := range b.runnable {
+		if b.decisions[i].Decision == inbox.NewMessage && (!b.done[i] || lost) && b.results[i].Outcome != DeadLettered {
+			ids = append(ids, b.items[i].ID)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	if _, err := b.tx.Conn().Exec(ctx, b.e.sql.deleteClaims, b.scope, ids); err != nil {
+		b.e.cfg.Logger.Error("could not remove the inbox rows a handler committed early; those messages count as processed",
+			"messages", len(ids), "error", err)
+	}
 }

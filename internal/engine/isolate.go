@@ -47,6 +47,5 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, o Options) Result {
 	if marked && res[0].Outcome == Unresolved {
 		e.unmarkStart(ctx, scope, it) // the worker lives: this start was no crash
 	}
-	e.count(ctx, res, &o)
 	return res[0]
 }

@@ -69,6 +69,9 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 	for attempt := 1; ; attempt++ {
 		batch := pending
 		results := e.Run(work, batch, opts)
+		if !opts.ReadOnly {
+			e.Count(work, results)
+		}
 		pending = nil
 		for i, r := range results {
 			switch {

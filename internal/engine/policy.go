@@ -25,13 +25,13 @@ const carefulBatches = 16
 func (e *Engine) Once(ctx context.Context, items []*Item, o Options) ([]Result, error) {
 	fixed := make([]Result, len(items))
 	for {
-		res, err := e.once(ctx, items, &o, fixed, e.cfg.LockTimeout)
+		res, err := e.once(ctx, items, &o, &plan{lockTimeout: e.cfg.LockTimeout, fixed: fixed})
 		if ex, ok := errors.AsType[*excludeError](err); ok {
 			fixed[ex.index] = ex.result // decided; the others run again without it
 			continue
 		}
-		if err == nil {
-			e.count(ctx, res, &o)
+		if err == nil && !o.ReadOnly {
+			e.Count(ctx, res)
 		}
 		return res, err
 	}
@@ -43,25 +43,24 @@ func (e *Engine) Once(ctx context.Context, items []*Item, o Options) ([]Result, 
 // batches contend for rows), down to single items. A single item whose
 // transaction still fails while the database answers is given up
 // (Unresolved: back to its source); while the database does not answer, it
-// is retried until it does, or until ctx ends or o.Abandon is closed.
+// is retried until it does, or until ctx ends or o.Abandon is closed. The
+// caller counts the results (Count) once it has acted on them.
 func (e *Engine) Run(ctx context.Context, items []*Item, o Options) []Result {
-	res := e.run(ctx, items, &o, make([]Result, len(items)), false)
-	e.count(ctx, res, &o)
-	return res
+	return e.run(ctx, items, &o, make([]Result, len(items)), false)
 }
 
 // run is Run's loop; alone says the caller holds the engine alone.
 func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Result, alone bool) []Result {
 	lock := e.cfg.LockTimeout
 	for attempt := 1; ; attempt++ {
-		release := func() {}
+		release, serial := func() {}, false
 		if !alone {
 			var ok bool
-			if release, ok = e.gov.admit(ctx, o.Abandon); !ok {
+			if release, serial, ok = e.gov.admit(ctx, o.Abandon); !ok {
 				return unresolved(len(items), context.Cause(ctx))
 			}
 		}
-		res, err := e.once(ctx, items, o, fixed, lock)
+		res, err := e.once(ctx, items, o, &plan{lockTimeout: lock, serial: serial, fixed: fixed})
 		release()
 		if ex, ok := errors.AsType[*excludeError](err); ok {
 			fixed[ex.index] = ex.result // decided; the others run again without it
@@ -70,7 +69,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 		}
 		be, _ := errors.AsType[*batchError](err)
 		contention := be != nil && be.contention
-		e.gov.done(contention)
+		e.gov.done(contention, serial)
 		if err == nil {
 			return res
 		}
@@ -112,8 +111,7 @@ func (e *Engine) split(ctx context.Context, items []*Item, o *Options, fixed []R
 // unless a batch recently met a duplicate, handlers without savepoints
 // unless one recently failed. A batch that meets a duplicate runs again with
 // ClaimBatch; one whose handler fails runs again with a savepoint per item.
-func (e *Engine) once(ctx context.Context, items []*Item, o *Options, fixed []Result, lock time.Duration) ([]Result, error) {
-	p := &plan{lockTimeout: lock, fixed: fixed}
+func (e *Engine) once(ctx context.Context, items []*Item, o *Options, p *plan) ([]Result, error) {
 	p.savepoints = o.ReadOnly || o.Rerun || countDown(&e.careful)
 	p.newClaims = !p.savepoints && !countDown(&e.classicClaims)
 	res, err := e.supervised(ctx, items, o, p)
@@ -142,11 +140,9 @@ func (e *Engine) logRetry(ctx context.Context, size, attempt int, contention boo
 	level("batch failed, retrying", "size", size, "attempt", attempt, "contention", contention, "error", err)
 }
 
-// count adds a batch's final results to the counters and metrics.
-func (e *Engine) count(ctx context.Context, res []Result, o *Options) {
-	if o.ReadOnly {
-		return
-	}
+// Count adds a batch's results to the counters and metrics. Sources call it
+// once they have acted on the results (the broker was told).
+func (e *Engine) Count(ctx context.Context, res []Result) {
 	e.Counts.count(res)
 	e.tel.outcomes(ctx, res)
 }

@@ -13,11 +13,13 @@ import (
 // statements are the engine's own SQL for one set of tables, built once.
 type statements struct {
 	deadLetters, lookupAttempts, recordFailures, clearAttempts, markStart, unmarkStart string
+	deleteClaims                                                                       string
 }
 
 func newStatements(t idem.Tables) statements {
 	dl, at := t.Table("dead_letters"), t.Table("attempts")
 	return statements{
+		deleteClaims: `DELETE FROM ` + t.Table("inbox") + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
 		// Every dead letter of a batch in one statement.
 		deadLetters: `INSERT INTO ` + dl + `
 	(consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)

@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/tracing"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -186,31 +186,11 @@ func (t *Telemetry) abandoned(ctx context.Context) {
 	t.abandonedN.Add(ctx, 1, t.baseAdd...)
 }
 
-// headerCarrier lets the propagator read trace context from message headers.
-type headerCarrier map[string]any
-
-func (h headerCarrier) Get(key string) string {
-	s, _ := h[key].(string)
-	return s
-}
-
-func (h headerCarrier) Set(key, value string) { h[key] = value }
-
-func (h headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(h))
-	for k := range h {
-		keys = append(keys, k)
-	}
-	return keys
-}
-
-var _ propagation.TextMapCarrier = headerCarrier(nil)
-
 // startSpan starts the process span of one message, continuing the trace
 // found in its headers (messaging semantic conventions).
 func (t *Telemetry) startSpan(ctx context.Context, m *Item, batchSize int) (context.Context, trace.Span) {
 	if len(m.Headers) > 0 {
-		ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(m.Headers))
+		ctx = tracing.Propagator(nil).Extract(ctx, tracing.AMQPCarrier(m.Headers))
 	}
 	name := t.spanName
 	if m.Source != t.source {

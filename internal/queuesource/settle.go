@@ -39,6 +39,7 @@ func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, re
 			s.gate.give(len(d.d.Body))
 		}
 		src.held.Store(s.gate.heldBytes())
+		src.eng.Count(ctx, results) // once the broker has been told
 	}()
 	out, outIdx := src.outgoing(batch, results)
 	if !s.alive() {
