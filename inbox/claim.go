@@ -63,11 +63,11 @@ WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
 	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
-	lookup, stats, cutoff, cleanup, cleanupConsumer                     string
+	lookup, stats, cutoff, cleanup, cleanupConsumer, horizon            string
 }
 
-func newStatements(table string) statements {
-	f := func(q string) string { return fmt.Sprintf(q, table) }
+func newStatements(table, horizons string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table, horizons) }
 	return statements{
 		claim:           f(claimSQL),
 		storedHash:      f(storedHashSQL),
@@ -80,6 +80,7 @@ func newStatements(table string) statements {
 		cutoff:          cutoffSQL,
 		cleanup:         f(cleanupSQL),
 		cleanupConsumer: f(cleanupConsumerSQL),
+		horizon:         f(horizonSQL),
 	}
 }
 
