@@ -6,7 +6,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletters"
 )
 
 func init() {
@@ -18,7 +18,7 @@ func runDeadLetters(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("%w: idem deadletters list [--consumer C] [--id ID] [--reason R] [--limit N]", errUsage)
 	}
 	fs := e.flags("deadletters list")
-	var f consumer.DeadLetterFilter
+	var f deadletters.Filter
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer")
 	fs.StringVar(&f.MessageID, "id", "", "only this message id")
 	fs.StringVar(&f.Reason, "reason", "", "only this reason (payload_conflict, max_attempts, …)")
@@ -31,7 +31,7 @@ func runDeadLetters(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rows, err := consumer.ListDeadLetters(ctx, pool, e.tables, f)
+	rows, err := deadletters.List(ctx, pool, e.tables, f)
 	if err != nil {
 		return err
 	}
