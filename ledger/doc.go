@@ -15,4 +15,10 @@
 // idem.Rebuild effects are written as StatusSuppressed and never dispatched;
 // during idem.Forensic nothing is written and effects are captured in memory
 // (see WithCapture).
+//
+// The Dispatcher implements health.Reporter (ready while its database and
+// notification listener work, live while its loops turn), and logs a
+// warning, with the effect id, type, attempt and error, whenever an effect
+// becomes unknown or failed_terminal: those wait for an operator
+// (`idem ledger resolve`).
 package ledger
