@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -127,6 +128,7 @@ func runWorker(ctx context.Context, args []string) error {
 	queue := fs.String("queue", defaultQueue, "queue to consume")
 	gatewayURL := fs.String("gateway-url", "http://127.0.0.1:8099", "base URL of the payment gateway")
 	timeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
+	healthAddr := fs.String("health-addr", "", "serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,7 +146,13 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	log.Info("worker started", "queue", *queue, "schema", svc.schema, "gateway", captureURL(*gatewayURL))
-	err = w.run(ctx)
+	if *healthAddr != "" {
+		err = runAll(ctx, w.run, func(ctx context.Context) error {
+			return health.ListenAndServe(ctx, *healthAddr, w.dispatcher)
+		})
+	} else {
+		err = w.run(ctx)
+	}
 	s := w.consumer.Stats()
 	log.Info("worker stopped", "processed", s.Processed, "duplicates", s.Duplicates, "dead_lettered", s.DeadLettered)
 	return err
