@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,6 +98,8 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 		return RedriveResult{}, errors.New("deadletters: redrive: AMQPURL, Pool and Queue are required")
 	case opts.Limit < 0:
 		return RedriveResult{}, errors.New("deadletters: redrive: Limit must not be negative")
+	case opts.DeadLetterQueue == opts.Queue:
+		return RedriveResult{}, errors.New("deadletters: redrive: Queue and DeadLetterQueue are the same queue")
 	}
 	if err := opts.Tables.Validate(); err != nil {
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
@@ -105,7 +108,7 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 		Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idem-redrive"},
 	})
 	if err != nil {
-		return RedriveResult{}, fmt.Errorf("deadletters: redrive: dial %s: %w", redact(opts.AMQPURL), err)
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: dial %s: %w", redact(opts.AMQPURL), scrub(err, opts.AMQPURL))
 	}
 	// Closing the connection hands every message still unacked (those that
 	// did not match, or whose move failed) back to the dead-letter queue.
@@ -284,6 +287,22 @@ func markSQL(t idem.Tables) string {
 WHERE id = (SELECT id FROM ` + dl + `
 	WHERE consumer = $1 AND payload_hash = $2 AND ($3::text IS NULL OR reason = $3::text) AND redriven_at IS NULL
 	ORDER BY id LIMIT 1 FOR UPDATE)`
+}
+
+// scrub replaces the password of raw in err's text, for errors that quote
+// the URL (the client's parse errors do); other errors are returned as they
+// are.
+func scrub(err error, raw string) error {
+	at := strings.LastIndex(raw, "@")
+	scheme := strings.Index(raw, "://")
+	if at < 0 || scheme < 0 || scheme+3 > at {
+		return err
+	}
+	_, pw, ok := strings.Cut(raw[scheme+3:at], ":")
+	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
 }
 
 // redact hides the password of a URL for errors.

@@ -109,7 +109,7 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 		if jerr := e.writeJSON(redriveJSON{Scanned: res.Scanned, Moved: res.Moved, Marked: res.Marked}); jerr != nil {
 			return errors.Join(err, jerr)
 		}
-	} else {
+	} else if err == nil || res.Scanned > 0 {
 		fmt.Fprintf(e.stdout, "moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)\n",
 			res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
 	}
