@@ -1,4 +1,4 @@
-package deadletters
+package deadletters_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -113,6 +114,6 @@ func (e *env) redriven() map[string]string {
 	return out
 }
 
-func (e *env) options() RedriveOptions {
-	return RedriveOptions{AMQPURL: testbroker.URL(), Pool: e.pool, Tables: e.tables, Queue: e.queue}
+func (e *env) options() deadletters.RedriveOptions {
+	return deadletters.RedriveOptions{AMQPURL: testbroker.URL(), Pool: e.pool, Tables: e.tables, Queue: e.queue}
 }

@@ -1,4 +1,4 @@
-package deadletters
+package deadletters_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
 )
 
@@ -28,9 +29,9 @@ func TestRedriveMovesMatchingMessagesBackWithPropertiesAndHistory(t *testing.T) 
 	o := e.options()
 	o.Reason, o.Consumer, o.Operator = "invalid_amount", "billing", "alice"
 	before := time.Now().Add(-time.Second)
-	res, err := Redrive(context.Background(), o)
+	res, err := deadletters.Redrive(context.Background(), o)
 	require.NoError(t, err)
-	require.Equal(t, RedriveResult{Scanned: 4, Moved: 2, Marked: 2}, res)
+	require.Equal(t, deadletters.RedriveResult{Scanned: 4, Moved: 2, Marked: 2}, res)
 
 	require.Equal(t, []string{"m-2", "m-4"}, ids(e.drain(e.queue+".dlq")), "non-matching messages stay, in order")
 	moved := e.drain(e.queue)
@@ -48,22 +49,22 @@ func TestRedriveMovesMatchingMessagesBackWithPropertiesAndHistory(t *testing.T) 
 		"x-idem-payload-hash", "x-idem-publish-id"} {
 		require.NotContains(t, d.Headers, h, "a redriven message starts afresh")
 	}
-	history, ok := d.Headers[HistoryHeader].([]any)
-	require.True(t, ok, "%#v", d.Headers[HistoryHeader])
+	history, ok := d.Headers[deadletters.HistoryHeader].([]any)
+	require.True(t, ok, "%#v", d.Headers[deadletters.HistoryHeader])
 	require.Len(t, history, 1)
 	entry := history[0].(amqp.Table)
 	require.Equal(t, "invalid_amount", entry["x-idem-reason"])
 	require.Equal(t, "billing", entry["x-idem-consumer"])
 	require.Equal(t, "boom", entry["x-idem-error"])
 	require.EqualValues(t, 3, entry["x-idem-attempts"])
-	require.Equal(t, "alice", entry[HistoryRedrivenBy])
-	require.Equal(t, e.queue+".dlq", entry[HistoryRedrivenFrom])
-	at, ok := entry[HistoryRedrivenAt].(time.Time)
+	require.Equal(t, "alice", entry[deadletters.HistoryRedrivenBy])
+	require.Equal(t, e.queue+".dlq", entry[deadletters.HistoryRedrivenFrom])
+	at, ok := entry[deadletters.HistoryRedrivenAt].(time.Time)
 	require.True(t, ok)
 	require.True(t, at.After(before), "%v", at)
 
 	require.Equal(t, map[string]string{"m-1": "alice", "m-3": "alice"}, e.redriven(), "each redrive is recorded on its row")
-	recs, err := List(context.Background(), e.pool, e.tables, Filter{MessageID: "m-1"})
+	recs, err := deadletters.List(context.Background(), e.pool, e.tables, deadletters.Filter{MessageID: "m-1"})
 	require.NoError(t, err)
 	require.Len(t, recs, 1)
 	require.Equal(t, "alice", recs[0].RedrivenBy)
@@ -109,10 +110,10 @@ func TestRedrivenMessageIsProcessedAfreshByTheConsumer(t *testing.T) {
 	}
 	run(count("SELECT count(*) FROM " + e.tables.Table("dead_letters")))
 
-	res, err := Redrive(context.Background(), RedriveOptions{AMQPURL: testbroker.URL(), Pool: e.pool, Tables: e.tables,
+	res, err := deadletters.Redrive(context.Background(), deadletters.RedriveOptions{AMQPURL: testbroker.URL(), Pool: e.pool, Tables: e.tables,
 		Queue: e.queue, Reason: "not_yet", Operator: "bob"})
 	require.NoError(t, err)
-	require.Equal(t, RedriveResult{Scanned: 3, Moved: 3, Marked: 3}, res, "the rows the consumer wrote are found")
+	require.Equal(t, deadletters.RedriveResult{Scanned: 3, Moved: 3, Marked: 3}, res, "the rows the consumer wrote are found")
 
 	accept.Store(true)
 	run(count("SELECT count(*) FROM " + e.tables.QuotedSchema() + ".done WHERE attempt = 1"))
@@ -128,17 +129,17 @@ func TestRedriveStopsAtTheLimitAndEndsOnALargeDeadLetterQueue(t *testing.T) {
 	}
 	o := e.options()
 	o.Limit = 3
-	res, err := Redrive(context.Background(), o)
+	res, err := deadletters.Redrive(context.Background(), o)
 	require.NoError(t, err)
-	require.Equal(t, RedriveResult{Scanned: 3, Moved: 3, Marked: 3}, res)
+	require.Equal(t, deadletters.RedriveResult{Scanned: 3, Moved: 3, Marked: 3}, res)
 	require.Equal(t, []string{"m-00", "m-01", "m-02"}, ids(e.drain(e.queue)))
 
 	// Nothing matches: every message is looked at once, and all stay.
 	o = e.options()
 	o.MessageID = "no-such-message"
-	res, err = Redrive(context.Background(), o)
+	res, err = deadletters.Redrive(context.Background(), o)
 	require.NoError(t, err)
-	require.Equal(t, RedriveResult{Scanned: 47}, res)
+	require.Equal(t, deadletters.RedriveResult{Scanned: 47}, res)
 	left := ids(e.drain(e.queue + ".dlq"))
 	require.Len(t, left, 47)
 	require.Equal(t, "m-03", left[0])
@@ -151,8 +152,8 @@ func TestRedriveNeverLosesAMessageTheQueueRefuses(t *testing.T) {
 	// A full queue that rejects publishes: the broker nacks the copy.
 	e.declare(amqp.Table{"x-max-length": int64(0), "x-overflow": "reject-publish"})
 	e.deadLetter("billing", "m-1", "max_attempts")
-	res, err := Redrive(context.Background(), e.options())
-	require.ErrorIs(t, err, ErrNotMoved)
+	res, err := deadletters.Redrive(context.Background(), e.options())
+	require.ErrorIs(t, err, deadletters.ErrNotMoved)
 	require.Zero(t, res.Moved)
 	require.Equal(t, []string{"m-1"}, ids(e.drain(e.queue+".dlq")), "the message stays in the dead-letter queue")
 	require.Empty(t, e.redriven(), "and its row is not marked")
@@ -165,7 +166,7 @@ func TestRedriveToAQueueThatDoesNotExistTouchesNothing(t *testing.T) {
 	e.deadLetter("billing", "m-1", "max_attempts")
 	o := e.options()
 	o.Queue, o.DeadLetterQueue = e.queue+".missing", e.queue+".dlq"
-	_, err := Redrive(context.Background(), o)
+	_, err := deadletters.Redrive(context.Background(), o)
 	require.ErrorContains(t, err, "NOT_FOUND")
 	require.Equal(t, []string{"m-1"}, ids(e.drain(e.queue+".dlq")))
 }
@@ -178,8 +179,8 @@ func TestRedriveCutOffAfterTheConfirmLeavesTheMessageInTheDeadLetterQueue(t *tes
 	proxy := testbroker.NewProxy(t)
 	o := e.options()
 	o.AMQPURL = proxy.URL()
-	o.afterConfirm = proxy.Sever // the process dies between the confirm and the ack
-	_, err := Redrive(context.Background(), o)
+	deadletters.SetAfterConfirm(&o, proxy.Sever) // the process dies between the confirm and the ack
+	_, err := deadletters.Redrive(context.Background(), o)
 	require.Error(t, err)
 	require.Eventually(t, func() bool {
 		info, err := e.ch.QueueDeclarePassive(e.queue+".dlq", true, false, false, false, nil)
