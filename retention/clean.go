@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -194,9 +195,11 @@ const (
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit)`
 
-	deadLettersSQL = `WITH gone AS (
-	DELETE FROM {dead_letters} WHERE id = ANY (ARRAY(
-		SELECT id FROM {dead_letters} WHERE dead_lettered_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
+	// ageSQL deletes one chunk of rows of table %[1]s whose time column
+	// %[2]s is before the cutoff.
+	ageSQL = `WITH gone AS (
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE %[2]s < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
 	RETURNING 1
 )
 SELECT count(*) FROM gone`
@@ -215,12 +218,13 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit), (SELECT count(
 
 // steps returns the chunked statements for t, in the order Clean runs them.
 //
-// Every table idem owns is cleaned here or above, except the consumers'
-// progress (checkpoints of live consumers) and the migrations table, which
-// never grow with traffic. A new table that grows with traffic gets a step
-// here: its statement deletes one chunk of rows older than $1.
+// Every table idem owns is cleaned here or by Clean's other steps, except
+// the live consumers' checkpoints, the inbox horizons and the migrations
+// table, which do not grow with traffic. A new table that grows with
+// traffic gets a step here; one whose rows only age is one line:
+// ageStep(t, table, time column).
 func steps(t idem.Tables) []step {
-	names := []string{"ledger", "ledger_audit", "dead_letters", "replay_runs", "replay_audit", "checkpoints"}
+	names := []string{"ledger", "ledger_audit", "replay_runs", "replay_audit", "checkpoints"}
 	pairs := make([]string, 0, 2*len(names))
 	for _, n := range names {
 		pairs = append(pairs, "{"+n+"}", t.Table(n))
@@ -228,7 +232,13 @@ func steps(t idem.Tables) []step {
 	r := strings.NewReplacer(pairs...)
 	return []step{
 		{tables: []string{"ledger", "ledger_audit"}, sql: r.Replace(ledgerSQL)},
-		{tables: []string{"dead_letters"}, sql: r.Replace(deadLettersSQL)},
+		ageStep(t, "dead_letters", "dead_lettered_at"),
 		{tables: []string{"replay_runs", "replay_audit", "checkpoints"}, sql: r.Replace(replayRunsSQL)},
 	}
+}
+
+// ageStep deletes the rows of table whose column (a timestamptz) is before
+// the cutoff.
+func ageStep(t idem.Tables, table, column string) step {
+	return step{tables: []string{table}, sql: fmt.Sprintf(ageSQL, t.Table(table), pgx.Identifier{column}.Sanitize())}
 }
