@@ -122,11 +122,7 @@ func cleanInbox(ctx context.Context, cfg Config, res *Result) error {
 
 // cleanHTTPKeys deletes expired HTTP idempotency keys through httpinbox.
 func cleanHTTPKeys(ctx context.Context, cfg Config, res *Result) error {
-	m, err := httpinbox.New(cfg.Pool, httpinbox.Config{Tables: cfg.Tables})
-	if err != nil {
-		return fmt.Errorf("retention: %w", err)
-	}
-	n, err := m.Cleanup(ctx, cfg.ChunkSize)
+	n, err := httpinbox.CleanupExpired(ctx, cfg.Pool, cfg.Tables, cfg.ChunkSize)
 	res.add("http_keys", int64(n))
 	if err != nil {
 		return fmt.Errorf("retention: http_keys: %w", err)
