@@ -190,7 +190,7 @@ func TestPublisherHeadersNeverSetAttemptsOrRoutes(t *testing.T) {
 	c := e.newConsumer(h, func(cfg *Config) { cfg.Workers = 1 })
 	spoof := amqp.Table{"x-idem-attempt": int64(99), "x-idem-original-exchange": "spoofed-exchange",
 		"x-idem-original-routing-key": "spoofed-key",
-		"x-death": []any{amqp.Table{"queue": e.queue + ".retry", "reason": "expired", "count": int64(50)}}}
+		"x-death":                     []any{amqp.Table{"queue": e.queue + ".retry", "reason": "expired", "count": int64(50)}}}
 	e.publish("spoofed", `{}`, spoof)
 	e.publish("rejected", `{}`, spoof)
 	start(t, c)

@@ -68,11 +68,11 @@ WHERE consumer = $1 AND message_id = ANY($2::text[]) AND xmin = pg_current_xact_
 type statements struct {
 	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
 	unclaimBatch                                                        string
-	lookup, stats, cutoff, cleanup, cleanupConsumer                     string
+	lookup, stats, cutoff, cleanup, cleanupConsumer, horizon            string
 }
 
-func newStatements(table string) statements {
-	f := func(q string) string { return fmt.Sprintf(q, table) }
+func newStatements(table, horizons string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table, horizons) }
 	return statements{
 		claim:           f(claimSQL),
 		storedHash:      f(storedHashSQL),
@@ -86,6 +86,7 @@ func newStatements(table string) statements {
 		cutoff:          cutoffSQL,
 		cleanup:         f(cleanupSQL),
 		cleanupConsumer: f(cleanupConsumerSQL),
+		horizon:         f(horizonSQL),
 	}
 }
 

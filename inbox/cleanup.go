@@ -51,12 +51,30 @@ type CleanupResult struct {
 const cutoffSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 
 // The chunk statements pick row versions by ctid, skipping rows that a
-// running transaction has locked, so cleanup never waits on live claims.
+// running transaction has locked, so cleanup never waits on live claims. In
+// the same statement they record what the consumer forgot in the horizons
+// table (%[2]s): the highest stream offset and the newest receipt deleted
+// per (consumer, source), which Horizon reads.
 const (
-	cleanupSQL = `DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM %[1]s WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))`
-	cleanupConsumerSQL = `DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
-	SELECT ctid FROM %[1]s WHERE received_at < $1 AND consumer = $3 LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	cleanupSQL = `WITH gone AS (
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE received_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
+	RETURNING consumer, source, stream_offset, received_at
+)` + forgetSQL
+	cleanupConsumerSQL = `WITH gone AS (
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE received_at < $1 AND consumer = $3 LIMIT $2 FOR UPDATE SKIP LOCKED))
+	RETURNING consumer, source, stream_offset, received_at
+)` + forgetSQL
+	forgetSQL = `, forgotten AS (
+	INSERT INTO %[2]s AS h (consumer, source, forgotten_offset, forgotten_received_at)
+	SELECT consumer, source, max(stream_offset), max(received_at) FROM gone GROUP BY consumer, source
+	ON CONFLICT (consumer, source) DO UPDATE SET
+		forgotten_offset = GREATEST(h.forgotten_offset, EXCLUDED.forgotten_offset),
+		forgotten_received_at = GREATEST(h.forgotten_received_at, EXCLUDED.forgotten_received_at),
+		updated_at = now()
+)
+SELECT count(*) FROM gone`
 )
 
 // Cleanup deletes rows older than opts.OlderThan in chunks of
@@ -65,7 +83,12 @@ const (
 // without losing work done. The cutoff is fixed when it starts; rows that
 // expire meanwhile wait for the next run.
 //
-// Run it periodically (idem inbox cleanup, or a cron job of the worker).
+// Each chunk also records what it deleted as the consumer's horizon (see
+// Horizon), so that a normal replay can refuse to start where the inbox no
+// longer remembers what was applied.
+//
+// Run it periodically: the retention package cleans every table of idem in
+// the same way, from `idem cleanup` or in-process on a schedule.
 func (ib *Inbox) Cleanup(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions) (CleanupResult, error) {
 	if opts.ChunkSize == 0 {
 		opts.ChunkSize = DefaultChunkSize
@@ -88,9 +111,9 @@ func (ib *Inbox) Cleanup(ctx context.Context, pool *pgxpool.Pool, opts CleanupOp
 		var err error
 		var n int64
 		if opts.Consumer == "" {
-			n, err = exec(ctx, pool, ib.sql.cleanup, cutoff, opts.ChunkSize)
+			err = pool.QueryRow(ctx, ib.sql.cleanup, cutoff, opts.ChunkSize).Scan(&n)
 		} else {
-			n, err = exec(ctx, pool, ib.sql.cleanupConsumer, cutoff, opts.ChunkSize, opts.Consumer)
+			err = pool.QueryRow(ctx, ib.sql.cleanupConsumer, cutoff, opts.ChunkSize, opts.Consumer).Scan(&n)
 		}
 		if err != nil {
 			return res, fmt.Errorf("inbox: cleanup after %d rows: %w", res.Deleted, err)
@@ -103,9 +126,4 @@ func (ib *Inbox) Cleanup(ctx context.Context, pool *pgxpool.Pool, opts CleanupOp
 			return res, nil
 		}
 	}
-}
-
-func exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (int64, error) {
-	tag, err := pool.Exec(ctx, sql, args...)
-	return tag.RowsAffected(), err
 }

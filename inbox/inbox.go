@@ -64,7 +64,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
-	return &Inbox{maxID: cfg.MaxIDBytes, sql: newStatements(cfg.Tables.Table("inbox"))}, nil
+	return &Inbox{maxID: cfg.MaxIDBytes, sql: newStatements(cfg.Tables.Table("inbox"), cfg.Tables.Table("inbox_horizons"))}, nil
 }
 
 // Decision is the outcome of a claim.

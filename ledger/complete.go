@@ -16,6 +16,8 @@ type outcome struct {
 	id, owner, typ string
 	status         Status
 	delay          time.Duration // next_attempt_at = now() + delay
+	attempt        int           // the effect's attempt count
+	lookup         bool          // a reconciler's lookup, not an attempt
 	lastError      string
 	responseHash   []byte
 	response       []byte
@@ -86,7 +88,7 @@ UPDATE {ledger} SET
 	next_attempt_at = now(),
 	last_error = 'lease expired while in flight'
 FROM expired WHERE effect_id = expired.expired_id
-RETURNING effect_type, status`
+RETURNING effect_id, effect_type, status, attempt_count`
 
 // gaugesSQL reads what the gauges report: unknown effects, and how long the
 // oldest due effect has waited.
@@ -159,6 +161,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []outcome) {
 	for _, o := range batch {
 		if written[o.id] {
 			d.metrics.transition(ctx, o.typ, o.status, 1)
+			d.warnSettled(o)
 			continue
 		}
 		d.metrics.refused.Add(ctx, 1, metric.WithAttributes(typeAttr(o.typ)))
@@ -197,7 +200,12 @@ func (d *Dispatcher) sweepLoop(r *run) {
 	t := time.NewTicker(d.cfg.PollInterval)
 	defer t.Stop()
 	for {
-		if err := d.sweep(r.ctx); err != nil && r.ctx.Err() == nil {
+		d.vitals.ticked()
+		err := d.sweep(r.ctx)
+		if r.ctx.Err() == nil {
+			d.vitals.observe(err)
+		}
+		if err != nil && r.ctx.Err() == nil {
 			d.log.Error("ledger: sweep expired leases", "error", err)
 		}
 		if len(d.reconcile) > 0 {
@@ -223,12 +231,20 @@ func (d *Dispatcher) sweep(ctx context.Context) error {
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var typ, status string
-		if err := rows.Scan(&typ, &status); err != nil {
+		var (
+			id, typ, status string
+			attempt         int
+		)
+		if err := rows.Scan(&id, &typ, &status, &attempt); err != nil {
 			return err
 		}
 		d.metrics.transition(ctx, typ, Status(status), 1)
-		d.log.Warn("ledger: lease expired while in flight", "effect_type", typ, "status", status)
+		msg := "ledger: lease expired while in flight; retrying with the same key"
+		if Status(status) == StatusUnknown {
+			msg = "ledger: effect outcome unknown (lease expired while in flight); resolve it with idem ledger resolve"
+		}
+		d.log.Warn(msg, "effect_id", id, "effect_type", typ, "status", status, "attempt", attempt,
+			"error", "lease expired while in flight")
 	}
 	return rows.Err()
 }
@@ -296,6 +312,8 @@ func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error
 	if _, err := conn.Exec(ctx, d.sql.listen); err != nil {
 		return err
 	}
+	d.vitals.listening.Store(true)
+	defer d.vitals.listening.Store(false)
 	for {
 		// Wake once after LISTEN too: a Record that committed before it
 		// took effect sent its notification to nobody.
@@ -318,3 +336,20 @@ func jitter(d time.Duration) time.Duration {
 
 func typeAttr(typ string) attribute.KeyValue { return attribute.String("effect_type", typ) }
 func statusAttr(s Status) attribute.KeyValue { return attribute.String("status", string(s)) }
+
+// warnSettled logs the outcomes an operator must look at: an effect whose
+// outcome became unknown (not a reconciler's lookup that left it unknown),
+// and one that failed for good.
+func (d *Dispatcher) warnSettled(o outcome) {
+	var msg string
+	switch {
+	case o.status == StatusFailedTerminal:
+		msg = "ledger: effect failed for good"
+	case o.status == StatusUnknown && !o.lookup:
+		msg = "ledger: effect outcome unknown; resolve it with idem ledger resolve"
+	default:
+		return
+	}
+	d.log.Warn(msg, "effect_id", o.id, "effect_type", o.typ, "status", string(o.status), "attempt", o.attempt,
+		"error", truncate(o.lastError, 256))
+}

@@ -124,6 +124,7 @@ type Dispatcher struct {
 	owner   string // process-unique prefix of owner tokens
 	seq     atomic.Uint64
 	running atomic.Bool
+	vitals  vitals // what Health reports
 }
 
 // NewDispatcher validates cfg and returns a Dispatcher; start it with Run.
@@ -189,6 +190,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return errors.New("ledger: dispatcher is already running")
 	}
 	defer d.running.Store(false)
+	d.vitals.ticked()
+	d.vitals.state.Store(stateRunning)
+	defer d.vitals.state.Store(stateStopped)
 	reg, err := d.metrics.observe()
 	if err != nil {
 		return fmt.Errorf("ledger: register gauges: %w", err)
@@ -233,10 +237,14 @@ func (d *Dispatcher) claimLoop(r *run) {
 	// saturated dispatcher does not commit a claim per finished call.
 	threshold := max(1, min(d.cfg.BatchSize, d.cfg.Concurrency)/2)
 	for r.ctx.Err() == nil {
+		d.vitals.ticked()
 		waitSlot := false
 		if free := d.cfg.Concurrency - int(r.inflight.Load()); free > 0 {
 			want := min(free, d.cfg.BatchSize)
 			n, err := d.claim(r, want)
+			if r.ctx.Err() == nil {
+				d.vitals.observe(err)
+			}
 			if err != nil && r.ctx.Err() == nil {
 				d.log.Error("ledger: claim effects", "error", err)
 			}
@@ -281,7 +289,7 @@ func (d *Dispatcher) claim(r *run, n int) (int, error) {
 	// The claim commits on its own: were it cancelled between the commit and
 	// reading the rows, the claimed effects would never be called and would
 	// end unknown. So it runs detached from shutdown, bounded by a timeout.
-	cctx, cancel := context.WithTimeout(r.detached, 30*time.Second)
+	cctx, cancel := context.WithTimeout(r.detached, claimTimeout)
 	defer cancel()
 	entries, err := d.claimRows(cctx, d.sql.claim, d.types, n, owner)
 	if err != nil || len(entries) == 0 {
@@ -392,7 +400,7 @@ func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, look
 
 // settle decides the status an attempt leaves e in.
 func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) outcome {
-	o := outcome{id: e.ID, owner: e.LockOwner, typ: e.Type, status: res.Status}
+	o := outcome{id: e.ID, owner: e.LockOwner, typ: e.Type, status: res.Status, attempt: e.AttemptCount, lookup: lookup}
 	if err != nil {
 		o.lastError = truncate(err.Error(), 1024)
 	}

@@ -32,4 +32,10 @@
 // application sets no propagator; a global one it sets
 // (otel.SetTextMapPropagator) is used instead. A custom Executor receives the
 // dispatch span in its ctx and injects it with the propagator of its choice.
+//
+// The Dispatcher implements health.Reporter (ready while its database and
+// notification listener work, live while its loops turn), and logs a
+// warning, with the effect id, type, attempt and error, whenever an effect
+// becomes unknown or failed_terminal: those wait for an operator
+// (`idem ledger resolve`).
 package ledger

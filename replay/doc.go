@@ -33,6 +33,14 @@
 // where it stopped when started again with the same RunID, without applying
 // anything twice, and stops at the end fixed the first time.
 //
+// A normal replay refuses (ErrBelowHorizon) to start at or below the inbox
+// horizon: the highest offset whose inbox row retention deleted for the live
+// consumer (see the retention package and inbox.Inbox.Horizon). There the
+// inbox no longer knows the message was applied, and the handler would run
+// again. Start after it, or set Options.AllowBelowHorizon to do it anyway.
+// ListRuns (and `idem replay runs`) lists the recorded runs with their
+// audit counts.
+//
 // A handler that fails is retried in place with backoff up to the
 // consumer's MaxAttempts, then dead-lettered (max_attempts) and counted as a
 // handler error; the replay goes on.

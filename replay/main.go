@@ -50,6 +50,7 @@ var ErrUsage = errors.New("replay: usage")
 //	--report FILE                           forensic: the JSON-lines report (default stdout)
 //	--wait                                  rebuild: wait for live workers to release the stream
 //	--batch N                               messages per transaction
+//	--allow-below-horizon                   normal: start where retention made the inbox forget
 func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command) error {
 	if cmd.KeyFlag == "" {
 		cmd.KeyFlag = "key"
@@ -76,6 +77,8 @@ func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command)
 	fs.StringVar(&report, "report", "", "forensic: write the JSON-lines report to this file (default stdout)")
 	fs.BoolVar(&o.Wait, "wait", o.Wait, "rebuild: wait for the live workers to release the stream instead of failing")
 	fs.IntVar(&o.BatchSize, "batch", o.BatchSize, "messages per transaction (default: the consumer's batch size)")
+	fs.BoolVar(&o.AllowBelowHorizon, "allow-below-horizon", o.AllowBelowHorizon,
+		"normal: start below the inbox horizon, running the handler again on messages retention made the inbox forget")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err

@@ -19,6 +19,12 @@ import (
 // Options configure Run. Mode is required; so are Select, Operator and
 // Reason for a repair. Every other field has the default its comment states.
 type Options struct {
+	// AllowBelowHorizon lets a normal replay start at or below the inbox
+	// horizon, where retention deleted the live consumer's inbox rows
+	// (see ErrBelowHorizon): the handler runs again on those messages.
+	// Other modes do not check the horizon. Default: false.
+	AllowBelowHorizon bool
+
 	// BatchSize is the most messages run in one transaction. Default:
 	// 1000, or the consumer's BatchMaxSize when larger: a replay reads what
 	// is already stored, so its batches are full, and larger batches

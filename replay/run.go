@@ -240,6 +240,9 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 	if err != nil {
 		return Position{}, err
 	}
+	if err := r.checkHorizon(ctx, end); err != nil {
+		return Position{}, err
+	}
 	row := &run{
 		id: id, mode: string(r.o.Mode), consumer: r.cfg.Name, stream: r.o.Stream,
 		from: r.o.From.String(), to: r.o.To.String(), end: end,

@@ -14,29 +14,22 @@ import (
 )
 
 func init() {
-	register(command{name: "inbox", summary: "show an inbox row, per-consumer stats, or clean up expired rows", run: runInbox})
+	register(command{name: "inbox", summary: "show an inbox row, per-consumer stats, or clean up expired rows",
+		subcommands: []string{"show", "stats", "cleanup"}, run: runInbox})
 }
 
 const inboxUsage = `usage:
-  idem inbox show --consumer C --id ID     print one row (exit 1 when absent)
-  idem inbox stats                         rows, oldest and newest per consumer
-  idem inbox cleanup --older-than 168h [--consumer C] [--chunk-size N]`
+  idem inbox show --consumer C --id ID [--json]   print one row (exit 1 when absent)
+  idem inbox stats [--json]                       rows, oldest and newest per consumer
+  idem inbox cleanup --older-than 168h [--consumer C] [--chunk-size N]
+                                                  the inbox alone (idem cleanup cleans every table)`
 
 func runInbox(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprintln(e.stderr, inboxUsage)
-		return fmt.Errorf("%w: want a subcommand: show, stats or cleanup", errUsage)
-	}
-	switch args[0] {
-	case "show":
-		return inboxShow(ctx, e, args[1:])
-	case "stats":
-		return inboxStats(ctx, e, args[1:])
-	case "cleanup":
-		return inboxCleanup(ctx, e, args[1:])
-	}
-	fmt.Fprintln(e.stderr, inboxUsage)
-	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+	return group(e, inboxUsage, args, map[string]func([]string) error{
+		"show":    func(args []string) error { return inboxShow(ctx, e, args) },
+		"stats":   func(args []string) error { return inboxStats(ctx, e, args) },
+		"cleanup": func(args []string) error { return inboxCleanup(ctx, e, args) },
+	})
 }
 
 // openInbox builds the Inbox for e's tables and connects; the caller closes
@@ -57,7 +50,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox show")
 	consumer := fs.String("consumer", "", "consumer name (required)")
 	id := fs.String("id", "", "message id (required)")
-	if err := fs.Parse(args); err != nil {
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if *consumer == "" || *id == "" || fs.NArg() > 0 {
@@ -74,6 +68,10 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if e.json {
+		return e.writeJSON(inboxRecordJSON{Consumer: r.Consumer, MessageID: r.MessageID, PayloadHash: r.PayloadHash.String(),
+			BusinessKey: r.BusinessKey, Source: r.Source, StreamOffset: r.StreamOffset, ReceivedAt: r.ReceivedAt.UTC()})
 	}
 	offset := "-"
 	if r.StreamOffset != nil {
@@ -96,7 +94,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 
 func inboxStats(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox stats")
-	if err := fs.Parse(args); err != nil {
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -110,6 +109,13 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 	stats, err := ib.Stats(ctx, pool)
 	if err != nil {
 		return err
+	}
+	if e.json {
+		out := make([]inboxStatsJSON, len(stats))
+		for i, s := range stats {
+			out[i] = inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
+		}
+		return e.writeJSON(out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tROWS\tOLDEST\tNEWEST")
@@ -127,7 +133,7 @@ func inboxCleanup(ctx context.Context, e *env, args []string) error {
 		"delete rows received longer ago than this (required; at least 72h; longer than any redelivery or replay horizon)")
 	fs.StringVar(&opts.Consumer, "consumer", "", "only this consumer's rows (default: all consumers)")
 	fs.IntVar(&opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, "rows per DELETE, each its own transaction")
-	if err := fs.Parse(args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if opts.OlderThan == 0 || fs.NArg() > 0 {
@@ -151,4 +157,23 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// inboxRecordJSON is `idem inbox show --json`.
+type inboxRecordJSON struct {
+	Consumer     string    `json:"consumer"`
+	MessageID    string    `json:"message_id"`
+	PayloadHash  string    `json:"payload_hash"`
+	BusinessKey  string    `json:"business_key"`
+	Source       string    `json:"source"`
+	StreamOffset *int64    `json:"stream_offset"`
+	ReceivedAt   time.Time `json:"received_at"`
+}
+
+// inboxStatsJSON is one element of `idem inbox stats --json`.
+type inboxStatsJSON struct {
+	Consumer string    `json:"consumer"`
+	Rows     int64     `json:"rows"`
+	Oldest   time.Time `json:"oldest"`
+	Newest   time.Time `json:"newest"`
 }

@@ -15,38 +15,28 @@ import (
 )
 
 func init() {
-	register(command{name: "ledger", summary: "list, show, resolve and count side effects (list|show|resolve|stats)", run: runLedger})
+	register(command{name: "ledger", summary: "list, show, resolve and count side effects",
+		subcommands: []string{"list", "show", "resolve", "stats"}, run: runLedger})
 }
 
 const ledgerUsage = `usage:
-  idem ledger list [--status S] [--type T] [--limit N]
-  idem ledger show ID
+  idem ledger list [--status S] [--type T] [--limit N] [--json]
+  idem ledger show ID [--json]
   idem ledger resolve ID --as succeeded|failed|retry --reason "…" [--operator NAME]
-  idem ledger stats`
+  idem ledger stats [--json]`
 
 func runLedger(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprintln(e.stderr, ledgerUsage)
-		return fmt.Errorf("%w: missing subcommand", errUsage)
-	}
-	sub, args := args[0], args[1:]
-	switch sub {
-	case "list":
-		return ledgerList(ctx, e, args)
-	case "show":
-		return ledgerShow(ctx, e, args)
-	case "resolve":
-		return ledgerResolve(ctx, e, args)
-	case "stats":
-		return ledgerStats(ctx, e, args)
-	}
-	fmt.Fprintln(e.stderr, ledgerUsage)
-	return fmt.Errorf("%w: unknown subcommand %q", errUsage, sub)
+	return group(e, ledgerUsage, args, map[string]func([]string) error{
+		"list":    func(args []string) error { return ledgerList(ctx, e, args) },
+		"show":    func(args []string) error { return ledgerShow(ctx, e, args) },
+		"resolve": func(args []string) error { return ledgerResolve(ctx, e, args) },
+		"stats":   func(args []string) error { return ledgerStats(ctx, e, args) },
+	})
 }
 
 // parseWithID parses flags that may come before or after one positional ID.
-func parseWithID(fs *flag.FlagSet, args []string) (string, error) {
-	if err := fs.Parse(args); err != nil {
+func parseWithID(e *env, fs *flag.FlagSet, args []string) (string, error) {
+	if err := e.parse(fs, args); err != nil {
 		return "", err
 	}
 	if fs.NArg() == 0 {
@@ -81,7 +71,8 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	st := fs.String("status", "", "only effects in this status (pending, in_flight, succeeded, failed_retryable, failed_terminal, unknown, suppressed)")
 	typ := fs.String("type", "", "only effects of this type")
 	limit := fs.Int("limit", 100, "most effects to list")
-	if err := fs.Parse(args); err != nil {
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	l, done, err := openLedger(ctx, e)
@@ -92,6 +83,13 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	entries, err := l.List(ctx, ledger.Filter{Status: ledger.Status(*st), Type: *typ, Limit: *limit})
 	if err != nil {
 		return err
+	}
+	if e.json {
+		out := make([]entryJSON, len(entries))
+		for i, en := range entries {
+			out[i] = newEntryJSON(en)
+		}
+		return e.writeJSON(out)
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "EFFECT_ID\tTYPE\tSTATUS\tATTEMPTS\tCREATED\tLAST_ERROR")
@@ -104,7 +102,8 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 
 func ledgerShow(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger show")
-	id, err := parseWithID(fs, args)
+	e.jsonFlag(fs)
+	id, err := parseWithID(e, fs, args)
 	if err != nil {
 		return err
 	}
@@ -120,6 +119,9 @@ func ledgerShow(ctx context.Context, e *env, args []string) error {
 	history, err := l.History(ctx, id)
 	if err != nil {
 		return err
+	}
+	if e.json {
+		return e.writeJSON(newEffectJSON(en, history))
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
@@ -155,7 +157,7 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 	as := fs.String("as", "", "succeeded (it happened), failed (it did not; never try again) or retry (send again, same idempotency key)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	operator := fs.String("operator", currentUser(), "who decides (default: the OS user)")
-	id, err := parseWithID(fs, args)
+	id, err := parseWithID(e, fs, args)
 	if err != nil {
 		return err
 	}
@@ -185,7 +187,8 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 
 func ledgerStats(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger stats")
-	if err := fs.Parse(args); err != nil {
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	l, done, err := openLedger(ctx, e)
@@ -196,6 +199,13 @@ func ledgerStats(ctx context.Context, e *env, args []string) error {
 	s, err := l.Stats(ctx)
 	if err != nil {
 		return err
+	}
+	if e.json {
+		counts := make(map[string]int64, len(ledger.Statuses))
+		for _, st := range ledger.Statuses {
+			counts[string(st)] = s.Counts[st]
+		}
+		return e.writeJSON(ledgerStatsJSON{Counts: counts, OldestDueSeconds: s.OldestDue.Seconds()})
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	for _, st := range ledger.Statuses {

@@ -1,69 +1,123 @@
-// Command idem is the operator's tool: it migrates the schema and inspects
-// the inbox, the ledger and the dead letters, all from the same tables the
-// library writes.
+// Command idem is the operator's tool: it migrates the schema, inspects the
+// inbox, the ledger, the dead letters and the replay runs, resolves effects,
+// redrives dead letters and cleans up, all on the tables the library writes.
 //
-//	idem migrate [--print-sql] [--schema S] [--prefix P]
-//	idem inbox show --consumer C --id ID
-//	idem inbox stats
-//	idem inbox cleanup --older-than 168h [--consumer C]
-//	idem ledger list [--status unknown] | show ID | resolve ID --as succeeded|failed|retry --reason "…" | stats
-//	idem deadletters list [--consumer C] [--id ID] [--reason R]
+//	idem migrate [--print-sql]
+//	idem inbox show --consumer C --id ID | stats | cleanup --older-than 168h [--consumer C]
+//	idem ledger list [--status S] | show ID | resolve ID --as succeeded|failed|retry --reason "…" | stats
+//	idem deadletters list [--consumer C] [--id ID] [--reason R] | redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N]
+//	idem replay runs [--consumer C]
+//	idem cleanup --older-than 720h [--floor D]
 //
-// Every command reads IDEM_PG_URL (or --pg-url) for the database.
+// Every command takes --schema S and --prefix P (where idem's tables are),
+// and --help. List, show and stats commands take --json. The database is
+// --pg-url, else IDEM_PG_URL, else the libpq environment (PGHOST, PGPORT,
+// PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, …); the broker, for redrive, is
+// --amqp-url, else IDEM_AMQP_URL.
+//
+// Exit codes: 0 success (and --help), 1 failure, 2 bad usage.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
+	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 )
 
-// command is one `idem NAME …` subcommand. Files in this package register
+// command is one `idem NAME …` command. Files in this package register
 // theirs from init, one file per command.
 type command struct {
 	name    string
 	summary string
-	run     func(ctx context.Context, env *env, args []string) error
+	// subcommands lists a group's subcommands (inbox show, inbox stats, …),
+	// for the usage text and the tests; empty for a plain command.
+	subcommands []string
+	run         func(ctx context.Context, env *env, args []string) error
 }
 
 var commands = map[string]command{}
 
 func register(c command) { commands[c.name] = c }
 
-// env is what every command gets: where to write and how to reach the database.
+// env is what every command gets: where to write and how to reach the
+// database.
 type env struct {
 	stdout io.Writer
 	stderr io.Writer
-	pgURL  string
-	tables idem.Tables
+	// pgURL is --pg-url; pgEnv is IDEM_PG_URL, used when pgURL is empty.
+	// Neither is ever a flag default, so --help never prints a password.
+	pgURL, pgEnv string
+	tables       idem.Tables
+	json         bool
 }
 
 // flags returns a FlagSet with the options every command shares bound to e.
 func (e *env) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("idem "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	fs.StringVar(&e.pgURL, "pg-url", e.pgURL, "PostgreSQL URL (env IDEM_PG_URL)")
+	fs.StringVar(&e.pgURL, "pg-url", "", "PostgreSQL URL (default: $IDEM_PG_URL, else the PG* environment)")
 	fs.StringVar(&e.tables.Schema, "schema", e.tables.Schema, "schema holding idem's tables")
 	fs.StringVar(&e.tables.Prefix, "prefix", e.tables.Prefix, "table name prefix")
 	return fs
 }
 
-// pool connects to the database named by the flags.
+// jsonFlag adds --json to fs.
+func (e *env) jsonFlag(fs *flag.FlagSet) {
+	fs.BoolVar(&e.json, "json", false, "print JSON instead of a table")
+}
+
+// parse parses args with fs; a help flag prints the usage to stdout (and
+// parse returns flag.ErrHelp, which exits 0).
+func (e *env) parse(fs *flag.FlagSet, args []string) error {
+	if wantsHelp(args) {
+		fs.SetOutput(e.stdout)
+	}
+	return fs.Parse(args)
+}
+
+// wantsHelp reports whether args ask for help before any "--".
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help", "help":
+			return true
+		}
+	}
+	return false
+}
+
+// pool connects to the database named by --pg-url, IDEM_PG_URL or the
+// libpq environment, in that order.
 func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err := e.tables.Validate(); err != nil {
 		return nil, err
 	}
-	p, err := pgxpool.New(ctx, e.pgURL)
+	url := e.pgURL
+	if url == "" {
+		url = e.pgEnv
+	}
+	// An empty URL makes pgx read PGHOST, PGPORT, PGUSER, … like libpq.
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
@@ -72,6 +126,13 @@ func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return p, nil
+}
+
+// writeJSON prints v as indented JSON.
+func (e *env) writeJSON(v any) error {
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 func main() {
@@ -88,15 +149,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	e := &env{
 		stdout: stdout,
 		stderr: stderr,
-		pgURL:  os.Getenv("IDEM_PG_URL"),
+		pgEnv:  os.Getenv("IDEM_PG_URL"),
 		tables: idem.Tables{Schema: idem.DefaultSchema, Prefix: idem.DefaultPrefix},
 	}
-	if e.pgURL == "" {
-		e.pgURL = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
 		usage(stderr)
 		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		usage(stdout)
+		return 0
+	case "help":
+		if len(args) == 1 || strings.HasPrefix(args[1], "-") {
+			usage(stdout)
+			return 0
+		}
+		args = []string{args[1], "--help"} // idem help inbox = idem inbox --help
 	}
 	c, ok := commands[args[0]]
 	if !ok {
@@ -104,28 +173,80 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := c.run(ctx, e, args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 2
-		}
+	err := c.run(ctx, e, args[1:])
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "idem %s: %v\n", c.name, err)
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
+		return 2
 	}
-	return 0
+	fmt.Fprintf(stderr, "idem %s: %v\n", c.name, explain(err, e.tables))
+	return 1
+}
+
+// explain adds what to do to errors an operator can fix: idem's tables or
+// schema missing (SQLSTATE 42P01, 3F000) means the schema was not migrated.
+func explain(err error, t idem.Tables) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || (pe.Code != "42P01" && pe.Code != "3F000") {
+		return err
+	}
+	t = t.WithDefaults()
+	cmd := "idem migrate --schema " + shellQuote(t.Schema)
+	if t.Prefix != idem.DefaultPrefix {
+		cmd += " --prefix " + shellQuote(t.Prefix)
+	}
+	return fmt.Errorf("idem's tables are missing in schema %q (%s): create them with `%s`", t.Schema, pe.Message, cmd)
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// group runs a command with subcommands: args[0] names the subcommand; a
+// help flag or "help" prints text and exits 0, a missing or unknown
+// subcommand prints it and exits 2.
+func group(e *env, text string, args []string, subs map[string]func([]string) error) error {
+	if len(args) == 0 {
+		fmt.Fprintln(e.stderr, text)
+		return fmt.Errorf("%w: missing subcommand", errUsage)
+	}
+	if f, ok := subs[args[0]]; ok {
+		return f(args[1:])
+	}
+	if wantsHelp(args[:1]) {
+		fmt.Fprintln(e.stdout, text)
+		return flag.ErrHelp
+	}
+	fmt.Fprintln(e.stderr, text)
+	return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: idem COMMAND [flags]\n\ncommands:")
+	fmt.Fprintln(w, "usage: idem COMMAND [SUBCOMMAND] [flags]\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
+		c := commands[n]
+		sub := ""
+		if len(c.subcommands) > 0 {
+			sub = " (" + strings.Join(slices.Sorted(slices.Values(c.subcommands)), "|") + ")"
+		}
+		fmt.Fprintf(w, "  %-12s %s%s\n", n, c.summary, sub)
 	}
-	fmt.Fprintln(w, "\nRun 'idem COMMAND -h' for a command's flags. IDEM_PG_URL sets the database.")
+	fmt.Fprintln(w, `
+Run 'idem COMMAND --help' for a command's flags. The database is --pg-url,
+else IDEM_PG_URL, else the PG* environment (PGHOST, PGPORT, PGUSER,
+PGPASSWORD, PGDATABASE, PGSSLMODE). The broker, for redrive, is --amqp-url,
+else IDEM_AMQP_URL.`)
 }

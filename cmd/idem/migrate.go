@@ -14,8 +14,11 @@ func init() {
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("migrate")
 	printSQL := fs.Bool("print-sql", false, "print the SQL instead of applying it (for goose, atlas, …)")
-	if err := fs.Parse(args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	if *printSQL {
 		sql, err := migrate.SQL(e.tables)

@@ -25,3 +25,21 @@ func TestDatabasePasswordNeverAppearsInCLIOutput(t *testing.T) {
 		}
 	}
 }
+
+func TestBrokerPasswordNeverAppearsInRedriveOutput(t *testing.T) {
+	t.Parallel()
+	f := newCLIFixture(t)
+	for _, url := range []string{
+		"amqp://guest:s3cr3t-pa55@127.0.0.1:1/",          // unreachable
+		"amqp://guest:s3cr3t-pa55@127.0.0.1:1/%zz?x=bad", // unparseable
+		"amqp://guest:s3cr3t-pa55@127.0.0.1:5672/",       // refused credentials
+	} {
+		out, stderr, code := f.cmd("deadletters", "redrive", "--queue", "q", "--amqp-url", url)
+		if code == 0 {
+			t.Fatalf("redrive against %s succeeded", url)
+		}
+		if strings.Contains(out+stderr, "s3cr3t-pa55") {
+			t.Fatalf("redrive printed the password: %s%s", out, stderr)
+		}
+	}
+}

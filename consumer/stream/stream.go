@@ -57,13 +57,25 @@ func Run(ctx context.Context, c *consumer.Consumer) error {
 		return fmt.Errorf("%w: stream.Run needs Config.Stream", consumer.ErrConfig)
 	}
 	sc, _ := seam.Of(c)
+	vitals := &sc.Engine.Vitals
+	vitals.Running.Store(true)
+	defer vitals.Running.Store(false)
+	err := run(ctx, cfg, sc)
+	if err != nil {
+		why := err.Error()
+		vitals.Stopped.Store(&why)
+	}
+	return err
+}
+
+func run(ctx context.Context, cfg consumer.Config, sc seam.Consumer) error {
 	uri, err := URL(cfg)
 	if err != nil {
 		return err
 	}
 	env, err := streamio.Open(ctx, streamio.Config{URI: uri, Logger: cfg.Logger})
 	if err != nil {
-		return err
+		return fmt.Errorf("stream: %w", err)
 	}
 	defer env.Close()
 	r := &reader{cfg: cfg, c: sc, env: env}
@@ -89,10 +101,12 @@ func (r *reader) run(ctx context.Context) error {
 	stopLag := r.watchLag(ctx)
 	defer stopLag()
 	eng := r.c.Engine
+	vitals := &eng.Vitals
 	log := r.cfg.Logger.With("consumer", r.cfg.Name, "stream", r.cfg.Stream)
 	key := store.StreamLockKey(r.cfg.Tables, r.cfg.Name, r.cfg.Stream)
 	for failures := 0; ; {
 		log.Info("waiting to become the active stream reader")
+		vitals.Connected.Store(true) // a hot standby is ready to take over
 		lock, err := pglock.Acquire(ctx, r.cfg.Pool, key, pglock.Config{Logger: r.cfg.Logger})
 		if ctx.Err() != nil {
 			return nil
@@ -110,8 +124,14 @@ func (r *reader) run(ctx context.Context) error {
 				failures = 0 // the session worked: back off from scratch
 			}
 		}
+		vitals.Connected.Store(false)
+		if errors.Is(err, streamio.ErrAccessRefused) {
+			log.Error("the broker refused the stream reader; not retrying", "error", err)
+			return fmt.Errorf("stream: %w", err)
+		}
 		failures++
 		delay := retry.Backoff(failures, 100*time.Millisecond, r.cfg.ReconnectMaxDelay)
+		vitals.SetTrouble(fmt.Sprintf("stream reading stopped: %v", err))
 		log.Warn("stream reading stopped, resuming from the checkpoint", "error", err, "retry_in", delay)
 		eng.Telemetry().Reconnect(ctx)
 		eng.Counts.Reconnects.Add(1)

@@ -5,7 +5,7 @@
 //
 //	go run ./examples/orders publish -n 20000 [-dup 0.03] [-swap 0.01] [-seed 1]
 //	go run ./examples/orders mailstub [-addr 127.0.0.1:8025]
-//	go run ./examples/orders worker
+//	go run ./examples/orders worker [-health-addr 127.0.0.1:8081]
 //	go run ./examples/orders replay --mode rebuild|forensic|repair|normal [--from …] [--to …] [--order o-1,o-2]
 //
 // Global flags, before the command: -schema (default orders), -stream
@@ -28,7 +28,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/replay"
 )
 
@@ -45,6 +44,7 @@ func main() {
 // options are the settings every command shares.
 type options struct {
 	pgURL, streamURL, schema, stream, mailURL string
+	healthAddr                                string // worker: where the probes are served
 	logger                                    *slog.Logger
 }
 
@@ -61,7 +61,6 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	// The stream client logs through the standard library's log package.
-	streamio.RouteClientLogs(o.logger)
 	args = fs.Args()
 	if len(args) == 0 {
 		return errors.New(usage)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"net/http"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/prommetrics"
 )
@@ -19,6 +21,7 @@ import (
 func workerCommand(ctx context.Context, o options, args []string) error {
 	fs := flag.NewFlagSet("orders worker", flag.ContinueOnError)
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	fs.StringVar(&o.healthAddr, "health-addr", "", "serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,16 +66,22 @@ func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.C
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	var dispatchErr error
+	var dispatchErr, healthErr error
 	wg.Go(func() {
 		dispatchErr = d.Run(ctx)
 		cancel()
 	})
+	if o.healthAddr != "" {
+		wg.Go(func() {
+			healthErr = health.ListenAndServe(ctx, o.healthAddr, d, c)
+			cancel()
+		})
+	}
 	err = stream.Run(ctx, c)
 	cancel()
 	wg.Wait()
 	if err != nil {
 		return err
 	}
-	return dispatchErr
+	return errors.Join(dispatchErr, healthErr)
 }

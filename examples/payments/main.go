@@ -7,7 +7,7 @@
 // lost after the charge all end in exactly one charge per capture request.
 //
 //	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1]
-//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464]
+//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464] [-health-addr 127.0.0.1:8081]
 //	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad]
 //	go run ./examples/payments api     -addr 127.0.0.1:8098 [-wait 2s] [-lease 30s] [-expiry 24h] [-metrics-addr 127.0.0.1:9465]
 //	go run ./examples/payments demo    [-n 1000] [-http=true] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
@@ -26,6 +26,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -53,7 +54,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "payments:", err)
 		os.Exit(1)
 	}
@@ -62,6 +63,10 @@ func main() {
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New(usage())
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Println(usage())
+		return nil
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {

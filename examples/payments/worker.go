@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/prommetrics"
 )
@@ -129,6 +130,7 @@ func runWorker(ctx context.Context, args []string) error {
 	gatewayURL := fs.String("gateway-url", "http://127.0.0.1:8099", "base URL of the payment gateway")
 	timeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	healthAddr := fs.String("health-addr", "", "serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -151,7 +153,13 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	log.Info("worker started", "queue", *queue, "schema", svc.schema, "gateway", captureURL(*gatewayURL))
-	err = w.run(ctx)
+	if *healthAddr != "" {
+		err = runAll(ctx, w.run, func(ctx context.Context) error {
+			return health.ListenAndServe(ctx, *healthAddr, w.dispatcher, w.consumer)
+		})
+	} else {
+		err = w.run(ctx)
+	}
 	s := w.consumer.Stats()
 	log.Info("worker stopped", "processed", s.Processed, "duplicates", s.Duplicates, "dead_lettered", s.DeadLettered)
 	return err

@@ -2,7 +2,7 @@
 // balances with a plain, deliberately non-idempotent increment, so that only
 // idem stands between a redelivered message and a wrong balance.
 //
-//	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart]
+//	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart] [-health-addr 127.0.0.1:8081]
 //	go run ./examples/quickstart publish [-n 10000] [-dup 0.3]
 //	go run ./examples/quickstart demo    [-n 10000] [-dup 0.3]
 //
@@ -25,15 +25,21 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()
-	if err != nil {
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
 	}
 }
 
+const usage = "usage: quickstart worker|publish|demo [flags]; quickstart COMMAND -h lists the flags"
+
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: quickstart worker|publish|demo [flags]")
+		return errors.New(usage)
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Println(usage)
+		return nil
 	}
 	fs := flag.NewFlagSet("quickstart "+args[0], flag.ContinueOnError)
 	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
@@ -44,6 +50,7 @@ func run(ctx context.Context, args []string) error {
 	fs.Float64Var(&o.dup, "dup", 0.3, "fraction of deposits published a second time (same id and body)")
 	fs.IntVar(&o.accounts, "accounts", 20, "number of accounts")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "worker: serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	fs.StringVar(&o.healthAddr, "health-addr", "", "worker: serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -64,6 +71,7 @@ func run(ctx context.Context, args []string) error {
 type options struct {
 	pgURL, amqpURL, queue, schema string
 	metricsAddr                   string
+	healthAddr                    string
 	n, accounts                   int
 	dup                           float64
 }

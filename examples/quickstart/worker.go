@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/prommetrics"
 )
@@ -104,7 +105,23 @@ func worker(ctx context.Context, o options, logger *slog.Logger) error {
 	stopLog := logEverySecond(ctx, c, logger)
 	defer stopLog()
 	logger.Info("worker started", "queue", o.queue, "schema", o.schema)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	probes := make(chan struct{})
+	go func() { // the health probes, until the worker stops
+		defer close(probes)
+		if o.healthAddr != "" {
+			if err := health.ListenAndServe(ctx, o.healthAddr, c); err != nil {
+				cancel(err)
+			}
+		}
+	}()
 	err = c.Run(ctx)
+	cancel(nil)
+	<-probes
+	if cause := context.Cause(ctx); err == nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
 	logger.Info("worker stopped", "processed", c.Stats().Processed)
 	return err
 }

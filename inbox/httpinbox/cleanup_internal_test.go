@@ -26,3 +26,16 @@ func TestCleanupChunkDeletesAtMostChunkRows(t *testing.T) {
 		require.Equal(t, want, n)
 	}
 }
+
+func TestCleanupExpiredNeedsNoMiddleware(t *testing.T) {
+	t.Parallel()
+	pool, tables := testdb.Schema(t)
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+tables.Table("http_keys")+`
+		(key_id, tenant, caller, operation, idempotency_key, fingerprint, expires_at)
+		SELECT sha256(i::text::bytea), '', '', 'op', i::text, sha256(''::bytea), now() + (i - 4) * interval '1 minute'
+		FROM generate_series(1, 5) AS i`)
+	require.NoError(t, err)
+	n, err := CleanupExpired(context.Background(), pool, tables, 2)
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "the four keys that expired by now, in chunks of 2; the fifth has a minute left")
+}

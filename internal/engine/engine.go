@@ -85,6 +85,8 @@ type Engine struct {
 
 	// Counts holds the outcome counters behind consumer.Stats.
 	Counts Counters
+	// Vitals holds what the consumer's health report reads.
+	Vitals Vitals
 
 	// careful counts down the batches that run with savepoints after a
 	// handler failed in an optimistic batch.

@@ -179,6 +179,7 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	if !b.watch.leave() {
 		return nil, errAbandoned // the supervisor decided; touch nothing
 	}
+	b.e.Vitals.moved()
 	b.e.tel.handlerTime(ctx, time.Since(start))
 	exclude := func(r Result) error {
 		if index < 0 {

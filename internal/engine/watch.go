@@ -86,6 +86,9 @@ type attemptResult struct {
 // finish on its own, so that the worker goes on.
 func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *plan) ([]Result, error) {
 	w := &watch{}
+	e.Vitals.active.Add(1)
+	e.Vitals.moved()
+	defer func() { e.Vitals.active.Add(-1); e.Vitals.moved() }()
 	done := make(chan attemptResult, 1)
 	go func() { // owned by the attempt; abandoned only with its handler
 		res, err := e.attempt(ctx, items, o, p, w)

@@ -37,7 +37,7 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 		}
 		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)
 	}
-	src.consuming.Store(true)
+	src.eng.Vitals.Connected.Store(true)
 	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
 	r.inputs = make([]chan *delivery, 1)
 	if src.cfg.OrderingKey != nil {

@@ -59,17 +59,12 @@ type Source struct {
 	cfg Config
 	eng *engine.Engine
 	gen atomic.Uint64
-	// consuming reports a live session whose consumer is registered.
-	consuming atomic.Bool
 	// held is the gate's account of the current session, for Stats.
 	held atomic.Int64
 }
 
 // New returns a Source feeding eng.
 func New(cfg Config, eng *engine.Engine) *Source { return &Source{cfg: cfg, eng: eng} }
-
-// Consuming reports whether a broker session is up and consuming.
-func (src *Source) Consuming() bool { return src.consuming.Load() }
 
 // BufferedBytes is what the current session holds in memory of deliveries
 // not yet settled.
@@ -81,7 +76,16 @@ func (src *Source) BufferedBytes() int64 { return src.held.Load() }
 // detached from ctx, bounded by ShutdownTimeout), leaves deliveries that were
 // never started unacked for the next consumer, closes, and returns nil. It
 // returns an error wrapping ErrFatal for what reconnecting cannot fix.
-func (src *Source) Run(ctx context.Context) error {
+func (src *Source) Run(ctx context.Context) (err error) {
+	vitals := &src.eng.Vitals
+	vitals.Running.Store(true)
+	defer func() {
+		vitals.Running.Store(false)
+		if err != nil {
+			why := err.Error()
+			vitals.Stopped.Store(&why)
+		}
+	}()
 	work, stopWork := engine.ShutdownContext(ctx, src.cfg.ShutdownTimeout)
 	defer stopWork()
 	log := src.cfg.Logger.With("consumer", src.cfg.Name, "queue", src.cfg.Queue)
@@ -96,6 +100,7 @@ func (src *Source) Run(ctx context.Context) error {
 			failures++
 			delay := retry.Backoff(failures, 100*time.Millisecond, src.cfg.ReconnectMaxDelay)
 			log.Warn("broker unavailable, retrying", "error", err, "retry_in", delay)
+			vitals.SetTrouble("broker unavailable: " + err.Error())
 			if !retry.Sleep(ctx, delay) {
 				return nil
 			}
@@ -108,8 +113,12 @@ func (src *Source) Run(ctx context.Context) error {
 		failures = 0
 		log.Info("broker session started", "generation", s.gen, "url", RedactURL(src.cfg.AMQPURL),
 			"prefetch", src.cfg.Prefetch, "max_buffered_bytes", src.cfg.MaxBufferedBytes)
+		vitals.SetTrouble("")
 		err = src.serve(ctx, s)
-		src.consuming.Store(false)
+		vitals.Connected.Store(false)
+		if err != nil {
+			vitals.SetTrouble("broker session ended: " + err.Error())
+		}
 		s.close()
 		if ctx.Err() != nil {
 			log.Info("broker session ended: shutdown", "generation", s.gen)

@@ -84,7 +84,10 @@ func redactErr(err error) error {
 
 // Config configures Open.
 type Config struct {
-	// Logger receives the package's own logs. Default: slog.Default().
+	// Logger receives the package's own logs and, unless RouteClientLogs
+	// pinned another logger, the stream client's (which are process-wide:
+	// they go to the Logger of the Env opened last). Default:
+	// slog.Default().
 	Logger *slog.Logger
 
 	// PinHost makes every connection (consumers and producers) go to the
@@ -136,7 +139,9 @@ type Env struct {
 var ErrClosed = errors.New("streamio: env closed")
 
 // Open checks that the broker at cfg.URI accepts a connection and returns an
-// Env for it. Connections keep the kernel's socket buffer autotuning: the
+// Env for it. Credentials or a virtual host the broker refuses fail at this
+// first dial with an error wrapping ErrAccessRefused, which retrying cannot
+// fix. Connections keep the kernel's socket buffer autotuning: the
 // client's default 8 KiB read buffer shrinks the TCP window below the
 // broker's chunk size and slows consumption to a few hundred messages per
 // second.
@@ -145,6 +150,7 @@ func Open(ctx context.Context, cfg Config) (*Env, error) {
 	if _, err := environmentOptions(cfg, 0); err != nil {
 		return nil, err
 	}
+	routeTo(cfg.Logger)
 	e := &Env{cfg: cfg, logger: cfg.Logger, uri: Redact(cfg.URI), live: map[*stream.Environment]struct{}{}}
 	env, err := e.connect(ctx)
 	if err != nil {
@@ -219,7 +225,7 @@ func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
 		if r.env != nil {
 			_ = r.env.Close()
 		}
-		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, scrub(r.err, e.cfg.URI))
+		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, refused(scrub(r.err, e.cfg.URI)))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -229,6 +235,30 @@ func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
 	}
 	e.live[r.env] = struct{}{}
 	return r.env, nil
+}
+
+// ErrAccessRefused is returned (wrapped) when the broker refuses the
+// connection's user, password or virtual host: a configuration error that
+// retrying cannot fix.
+var ErrAccessRefused = errors.New("streamio: access refused")
+
+// refused explains the client's access errors and marks them with
+// ErrAccessRefused; other errors are returned as they are.
+func refused(err error) error {
+	var why string
+	switch {
+	case errors.Is(err, stream.AuthenticationFailure):
+		why = "authentication failed: check the user name and password"
+	case errors.Is(err, stream.AuthenticationFailureLoopbackError):
+		why = "this user may connect from localhost only (the broker's loopback_users)"
+	case errors.Is(err, stream.VirtualHostAccessFailure):
+		why = "the virtual host does not exist or the user has no access to it"
+	case errors.Is(err, stream.CodeAccessRefused):
+		why = "the user lacks the permissions"
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %s (%w)", ErrAccessRefused, why, err)
 }
 
 // disconnect closes env unless Close already did: a client environment

@@ -4,29 +4,62 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/logs"
 )
 
-// RouteClientLogs sends the stream client's logs, which are process-wide and
-// go to the standard library's log package by default, to l under the key
-// component=rabbitmq-stream. The client reports benign races on connection
-// close as errors ("use of closed network connection"), so its levels are
-// lowered by one: errors become warnings, warnings info, info debug.
+// The stream client logs through one process-wide logger (by default the
+// standard library's log package). idem installs a router in its place
+// once, before the first connection, and the router sends every line to the
+// current target: the Logger of the Env opened last, or the logger pinned by
+// RouteClientLogs. Installing once and swapping the target atomically keeps
+// the client's unsynchronised logger variable from being written while its
+// goroutines read it.
+var (
+	installOnce sync.Once
+	target      atomic.Pointer[slog.Logger]
+	pinned      atomic.Bool
+)
+
+func install() { installOnce.Do(func() { logs.SetLogger(router{}) }) }
+
+// RouteClientLogs sends the stream client's logs to l under the key
+// component=rabbitmq-stream, for the whole process, whatever Logger later
+// Envs are opened with. Without it, Open sends them to its Config.Logger.
+// The client reports benign races on connection close as errors ("use of
+// closed network connection"), so its levels are lowered by one: errors
+// become warnings, warnings info, info debug.
 func RouteClientLogs(l *slog.Logger) {
-	logs.SetLogger(clientLogger{l.With(slog.String("component", "rabbitmq-stream"))})
+	install()
+	pinned.Store(true)
+	target.Store(l.With(slog.String("component", "rabbitmq-stream")))
 }
 
-type clientLogger struct{ l *slog.Logger }
-
-func (c clientLogger) log(level slog.Level, format string, v []any) {
-	ctx := context.Background()
-	if c.l.Enabled(ctx, level) {
-		c.l.Log(ctx, level, fmt.Sprintf(format, v...))
+// routeTo makes l the target of the client's logs unless RouteClientLogs
+// pinned one.
+func routeTo(l *slog.Logger) {
+	install()
+	if !pinned.Load() {
+		target.Store(l.With(slog.String("component", "rabbitmq-stream")))
 	}
 }
 
-func (c clientLogger) Error(format string, v ...any) { c.log(slog.LevelWarn, format, v) }
-func (c clientLogger) Warn(format string, v ...any)  { c.log(slog.LevelInfo, format, v) }
-func (c clientLogger) Info(format string, v ...any)  { c.log(slog.LevelDebug, format, v) }
-func (c clientLogger) Debug(format string, v ...any) { c.log(slog.LevelDebug, format, v) }
+type router struct{}
+
+func (router) log(level slog.Level, format string, v []any) {
+	l := target.Load()
+	if l == nil {
+		return
+	}
+	ctx := context.Background()
+	if l.Enabled(ctx, level) {
+		l.Log(ctx, level, fmt.Sprintf(format, v...))
+	}
+}
+
+func (r router) Error(format string, v ...any) { r.log(slog.LevelWarn, format, v) }
+func (r router) Warn(format string, v ...any)  { r.log(slog.LevelInfo, format, v) }
+func (r router) Info(format string, v ...any)  { r.log(slog.LevelDebug, format, v) }
+func (r router) Debug(format string, v ...any) { r.log(slog.LevelDebug, format, v) }

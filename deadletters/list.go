@@ -1,4 +1,4 @@
-package consumer
+package deadletters
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// DeadLetterRecord is one row of the dead-letter table: what an operator needs to
+// Record is one row of the dead-letter table: what an operator needs to
 // answer "what happened to message X".
-type DeadLetterRecord struct {
+type Record struct {
 	// ID is the row's id.
 	ID int64
 	// Consumer is the consumer that dead-lettered the message.
@@ -36,20 +36,31 @@ type DeadLetterRecord struct {
 	Payload []byte
 	// At is when the dead letter committed.
 	At time.Time
+	// RedrivenAt is when Redrive moved the message back to its queue; zero
+	// when it was not.
+	RedrivenAt time.Time
+	// RedrivenBy is who redrove it, when known.
+	RedrivenBy string
 }
 
-// DeadLetterFilter selects dead letters; zero fields match everything.
-type DeadLetterFilter struct {
+// Filter selects dead letters; zero fields match everything.
+type Filter struct {
 	// Consumer, MessageID and Reason match exactly when set.
 	Consumer, MessageID, Reason string
 	// Limit caps the rows returned, newest first. Default: 100.
 	Limit int
 }
 
-// ListDeadLetters returns the dead letters matching f, newest first.
-func ListDeadLetters(ctx context.Context, q interface {
+// Querier runs queries: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, tables idem.Tables, f DeadLetterFilter) ([]DeadLetterRecord, error) {
+}
+
+const listColumns = `id, consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key,
+	attempts, payload, dead_lettered_at, redriven_at, coalesce(redriven_by, '')`
+
+// List returns the dead letters in tables matching f, newest first.
+func List(ctx context.Context, q Querier, tables idem.Tables, f Filter) ([]Record, error) {
 	var where []string
 	var args []any
 	for _, c := range []struct{ col, val string }{{"consumer", f.Consumer}, {"message_id", f.MessageID}, {"reason", f.Reason}} {
@@ -62,31 +73,38 @@ func ListDeadLetters(ctx context.Context, q interface {
 		f.Limit = 100
 	}
 	args = append(args, f.Limit)
-	sql := `SELECT id, consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key,
-		attempts, payload, dead_lettered_at FROM ` + tables.WithDefaults().Table("dead_letters")
+	sql := `SELECT ` + listColumns + ` FROM ` + tables.WithDefaults().Table("dead_letters")
 	if len(where) > 0 {
 		sql += " WHERE " + strings.Join(where, " AND ")
 	}
 	sql += fmt.Sprintf(" ORDER BY id DESC LIMIT $%d", len(args))
 	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+		return nil, fmt.Errorf("deadletters: list: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeadLetterRecord, error) {
-		var d DeadLetterRecord
-		var hash, stored []byte
-		if err := r.Scan(&d.ID, &d.Consumer, &d.MessageID, &hash, &stored, &d.Reason, &d.Error, &d.Source,
-			&d.Exchange, &d.RoutingKey, &d.Attempts, &d.Payload, &d.At); err != nil {
-			return d, err
-		}
-		d.PayloadHash, _ = idem.HashFromBytes(hash)
-		if h, err := idem.HashFromBytes(stored); err == nil {
-			d.StoredHash = &h
-		}
-		return d, nil
-	})
+	out, err := pgx.CollectRows(rows, scanRecord)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+		return nil, fmt.Errorf("deadletters: list: %w", err)
 	}
 	return out, nil
+}
+
+func scanRecord(r pgx.CollectableRow) (Record, error) {
+	var (
+		d            Record
+		hash, stored []byte
+		redrivenAt   *time.Time
+	)
+	if err := r.Scan(&d.ID, &d.Consumer, &d.MessageID, &hash, &stored, &d.Reason, &d.Error, &d.Source,
+		&d.Exchange, &d.RoutingKey, &d.Attempts, &d.Payload, &d.At, &redrivenAt, &d.RedrivenBy); err != nil {
+		return d, err
+	}
+	d.PayloadHash, _ = idem.HashFromBytes(hash)
+	if h, err := idem.HashFromBytes(stored); err == nil {
+		d.StoredHash = &h
+	}
+	if redrivenAt != nil {
+		d.RedrivenAt = *redrivenAt
+	}
+	return d, nil
 }

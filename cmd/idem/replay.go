@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idem/replay"
+)
+
+func init() {
+	register(command{name: "replay", summary: "list replay runs with their audit counts",
+		subcommands: []string{"runs"}, run: runReplay})
+}
+
+const replayUsage = `usage:
+  idem replay runs [--consumer C] [--limit N] [--json]   newest first, with their audit counts
+Replays themselves run from the worker binary (replay.Main), next to the handler.`
+
+func runReplay(ctx context.Context, e *env, args []string) error {
+	return group(e, replayUsage, args, map[string]func([]string) error{
+		"runs": func(args []string) error { return replayRuns(ctx, e, args) },
+	})
+}
+
+func replayRuns(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("replay runs")
+	var f replay.RunFilter
+	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer's runs")
+	fs.IntVar(&f.Limit, "limit", 50, "newest N")
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	pool, err := e.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	runs, err := replay.ListRuns(ctx, pool, e.tables, f)
+	if err != nil {
+		return err
+	}
+	if e.json {
+		out := make([]runJSON, len(runs))
+		for i, r := range runs {
+			out[i] = newRunJSON(r)
+		}
+		return e.writeJSON(out)
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "RUN_ID\tMODE\tCONSUMER\tSTREAM\tRANGE\tSTATUS\tSTARTED\tFINISHED\tAUDITED\tDEAD_LETTERED\tOPERATOR\tREASON")
+	for _, r := range runs {
+		status, finished := "unfinished", "-"
+		if r.Finished {
+			status, finished = "finished", r.FinishedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s..%s (end %s)\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Mode, r.Consumer, r.Stream,
+			r.From, r.To, strconv.FormatInt(r.End, 10), status, r.StartedAt.UTC().Format(time.RFC3339), finished,
+			r.Audited, r.DeadLettered, orDash(r.Operator), orDash(oneLine(r.Reason, 60)))
+	}
+	return w.Flush()
+}
+
+// runJSON is one element of `idem replay runs --json`.
+type runJSON struct {
+	RunID         string     `json:"run_id"`
+	Mode          string     `json:"mode"`
+	Consumer      string     `json:"consumer"`
+	Stream        string     `json:"stream"`
+	From          string     `json:"from"`
+	To            string     `json:"to"`
+	EndOffset     int64      `json:"end_offset"`
+	HandoffOffset *int64     `json:"handoff_offset"`
+	Finished      bool       `json:"finished"`
+	StartedAt     *time.Time `json:"started_at"`
+	FinishedAt    *time.Time `json:"finished_at"`
+	Audited       int64      `json:"audited"`
+	DeadLettered  int64      `json:"dead_lettered"`
+	Operator      string     `json:"operator"`
+	Reason        string     `json:"reason"`
+}
+
+func newRunJSON(r replay.RunRecord) runJSON {
+	return runJSON{RunID: r.ID, Mode: string(r.Mode), Consumer: r.Consumer, Stream: r.Stream, From: r.From, To: r.To,
+		EndOffset: r.End, HandoffOffset: r.Handoff, Finished: r.Finished, StartedAt: at(r.StartedAt),
+		FinishedAt: at(r.FinishedAt), Audited: r.Audited, DeadLettered: r.DeadLettered, Operator: r.Operator, Reason: r.Reason}
+}

@@ -1,0 +1,53 @@
+// Package deadletters is the operator's side of dead letters: find them, and
+// move them back to their queue once their cause is fixed.
+//
+// # Where dead letters are
+//
+// A consumer that cannot process a message (a payload conflict, a handler
+// that returned consumer.DeadLetter, too many attempts) commits a row in the
+// dead-letter table, in the same transaction as the rest of its batch, and
+// then publishes the message to its dead-letter queue (by default the queue's
+// name + ".dlq") with headers that say why: x-idem-reason, x-idem-error,
+// x-idem-consumer, x-idem-attempts, x-idem-payload-hash. The row answers
+// "what happened to message X" from SQL; List reads it:
+//
+//	recs, err := deadletters.List(ctx, pool, tables, deadletters.Filter{Reason: "max_attempts"})
+//
+// # Redrive
+//
+// Redrive moves the messages of the dead-letter queue that match its
+// filters (reason, consumer, message id, a limit) back to the queue:
+//
+//	res, err := deadletters.Redrive(ctx, deadletters.RedriveOptions{
+//		AMQPURL: os.Getenv("IDEM_AMQP_URL"), Pool: pool, Queue: "payments",
+//		Reason: "max_attempts", Operator: "alice",
+//	})
+//
+// or from the command line:
+//
+//	idem deadletters redrive --queue payments --reason max_attempts
+//
+// The copy keeps the body, the properties, the message id and the
+// publisher's headers; idem's reason and attempt headers (and the broker's
+// x-death) move into HistoryHeader, an array of tables with one entry per
+// redrive, so the consumer starts the message afresh at attempt 1 and an
+// operator can still read its past. The original route
+// (x-idem-original-exchange and -routing-key) stays on the message.
+//
+// # Never lost
+//
+// Redrive publishes with publisher confirms and the mandatory flag, marks
+// the dead-letter row (redriven_at, redriven_by), and only then acks the
+// message in the dead-letter queue. A refused publish, a failure or a crash
+// at any point leaves the message in the dead-letter queue (at worst with a
+// copy already in the queue, which the consumer's inbox recognises as a
+// duplicate). Messages that do not match are left unacked while Redrive
+// runs and go back to the dead-letter queue in their order when it ends;
+// Redrive looks at most at the messages the queue held when it started.
+//
+// On RabbitMQ 4 a quorum dead-letter queue counts every message handed back
+// towards its delivery limit (20 by default) and drops a message past it
+// when it has no dead-letter target of its own: give dead-letter queues
+// no delivery limit (a policy with delivery-limit -1) before redriving
+// selectively again and again.
+package deadletters

@@ -1,0 +1,28 @@
+// Package health lets an orchestrator ask a worker two questions over HTTP:
+// is it live (making progress, or should it be restarted), and is it ready
+// (connected and working, or should it get no traffic).
+//
+// # Reporters
+//
+// A component reports a Status through the Reporter interface: Ready when
+// it is connected and working, Live when its loops make progress, and a
+// short Reason when it is not. The ledger's *Dispatcher reports ready while
+// its database connection and notification listener work, and live while
+// its loops tick; a consumer reports ready while it is connected and
+// consuming, and live while its batches complete. ReporterFunc turns a
+// function into a Reporter for checks of your own.
+//
+// # Serving the probes
+//
+// Handler serves GET /healthz (liveness) and GET /readyz (readiness): 200
+// when every reporter is live (ready), 503 otherwise, with a small JSON body.
+// Mount it on a mux of your own, or let ListenAndServe run a server for it
+// beside the worker:
+//
+//	go health.ListenAndServe(ctx, "127.0.0.1:8081", dispatcher, consumer)
+//
+// A Kubernetes pod would then use:
+//
+//	livenessProbe:  {httpGet: {path: /healthz, port: 8081}, periodSeconds: 10, failureThreshold: 3}
+//	readinessProbe: {httpGet: {path: /readyz,  port: 8081}, periodSeconds: 5}
+package health

@@ -1,0 +1,125 @@
+package retention
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+)
+
+// Defaults of Config.
+const (
+	// DefaultChunkSize is how many rows one DELETE removes.
+	DefaultChunkSize = 1000
+	// DefaultFloor is the shortest OlderThan accepted unless Config.Floor
+	// says otherwise: seven days. See Config.Floor.
+	DefaultFloor = 7 * 24 * time.Hour
+	// DefaultInterval is how often Run cleans.
+	DefaultInterval = time.Hour
+	// DefaultRoundTimeout bounds one round of Run.
+	DefaultRoundTimeout = 15 * time.Minute
+)
+
+// Errors returned (wrapped) by Clean and Run.
+var (
+	// ErrBelowFloor means OlderThan is shorter than the floor: rows that
+	// young may still be needed to recognise a redelivered or replayed
+	// message. Nothing was deleted.
+	ErrBelowFloor = errors.New("retention: older-than is below the retention floor")
+	// ErrInvalidConfig means the Config cannot be used (no Pool, no
+	// OlderThan, a negative value, unusable Tables). Nothing was deleted.
+	ErrInvalidConfig = errors.New("retention: invalid config")
+)
+
+// Config says what Clean deletes and how Run schedules it. Pool and
+// OlderThan are required; every other field states its default.
+type Config struct {
+	// ChunkSize is how many rows one DELETE removes; each runs as its own
+	// short transaction, so cleanup never holds many locks or a long
+	// snapshot and can stop at any point without losing the work done.
+	// Default: DefaultChunkSize (1000).
+	ChunkSize int
+
+	// Floor is the shortest OlderThan accepted: the replay and redelivery
+	// horizon, the age below which a row may still be needed to recognise
+	// a message delivered again (a lost ack, a producer retrying after an
+	// outage, a normal replay into the live consumer's inbox). Clean
+	// refuses a shorter OlderThan with ErrBelowFloor. Raise it to the
+	// retention of the streams you may replay from (their max-age); lower
+	// it only deliberately. Default: DefaultFloor (7 days).
+	Floor time.Duration
+
+	// Interval is the time between two rounds of Run. Default:
+	// DefaultInterval (1 hour).
+	Interval time.Duration
+
+	// Jitter is the most Run adds, at random, before each round, so that
+	// workers started together do not all try at once. Default: a tenth
+	// of Interval.
+	Jitter time.Duration
+
+	// Logger receives Run's logs: a line per round with the counts. Default:
+	// slog.Default().
+	Logger *slog.Logger
+
+	// OlderThan is the age past which rows are deleted, measured by the
+	// database clock when a cleanup starts. At least Floor. Required.
+	OlderThan time.Duration
+
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+
+	// RoundTimeout bounds one round of Run; a round cut short keeps what it
+	// deleted and the next round goes on. Default: DefaultRoundTimeout (15
+	// minutes).
+	RoundTimeout time.Duration
+
+	// Tables says where idem's tables live. Default: idem's defaults.
+	Tables idem.Tables
+}
+
+func (c Config) withDefaults() Config {
+	if c.ChunkSize == 0 {
+		c.ChunkSize = DefaultChunkSize
+	}
+	if c.Floor == 0 {
+		c.Floor = DefaultFloor
+	}
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Jitter == 0 {
+		c.Jitter = c.Interval / 10
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.RoundTimeout == 0 {
+		c.RoundTimeout = DefaultRoundTimeout
+	}
+	c.Tables = c.Tables.WithDefaults()
+	return c
+}
+
+// validate checks a defaulted Config.
+func (c Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return fmt.Errorf("%w: Pool is required", ErrInvalidConfig)
+	case c.OlderThan <= 0:
+		return fmt.Errorf("%w: OlderThan is required and must be positive", ErrInvalidConfig)
+	case c.ChunkSize < 0, c.Floor < 0, c.Interval < 0, c.Jitter < 0, c.RoundTimeout < 0:
+		return fmt.Errorf("%w: ChunkSize, Floor, Interval, Jitter and RoundTimeout must not be negative", ErrInvalidConfig)
+	case c.OlderThan < c.Floor:
+		return fmt.Errorf("%w: %s is below the floor %s; set Config.Floor (idem cleanup --floor) to go lower deliberately",
+			ErrBelowFloor, c.OlderThan, c.Floor)
+	}
+	if err := c.Tables.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+// Package retention keeps idem's tables from growing forever: it deletes,
+// in small chunks, what idem no longer needs to recognise a message it has
+// seen, and refuses to delete what it may still need.
+//
+// # What is cleaned
+//
+// Clean walks every table idem owns, each in chunks of Config.ChunkSize
+// rows, every chunk a single statement in its own short transaction:
+//
+//   - inbox: rows received before the cutoff (now() - Config.OlderThan);
+//   - ledger and ledger_audit: effects settled before the cutoff (succeeded,
+//     suppressed, and failed_terminal once an operator resolved them so)
+//     with their audit rows. Pending, in-flight, retryable, unknown and
+//     unresolved failed_terminal effects are never deleted;
+//   - dead_letters: rows dead-lettered before the cutoff;
+//   - replay_runs, replay_audit and checkpoints: replay runs finished before
+//     the cutoff, their audit rows and their progress checkpoints;
+//   - http_keys: HTTP idempotency keys past their own expiry.
+//
+// It returns a Count per table. The command line runs the same call:
+//
+//	idem cleanup --older-than 720h [--schema S] [--prefix P]
+//
+// # The floor
+//
+// A deleted inbox row turns the next delivery of its message into a new
+// message, and the handler runs again. So Clean refuses, with ErrBelowFloor
+// and before deleting anything, an OlderThan shorter than Config.Floor: the
+// horizon within which a message may still come back (an ack lost with a
+// connection, a producer retrying after an outage, a normal replay into the
+// live consumer's inbox). The default, DefaultFloor, is seven days. Raise it
+// to the retention (max-age) of the streams you may replay from; lower it
+// only as a decision, with Config.Floor or `idem cleanup --floor`.
+//
+// What the inbox forgets is recorded per consumer and source (see
+// inbox.Inbox.Horizon), and a normal replay that would start at or below it
+// refuses unless told otherwise (replay.Options.AllowBelowHorizon).
+//
+// # In-process schedule
+//
+// Run cleans on a schedule inside a worker, beside consumer.Run: shortly
+// after it starts, then every Config.Interval plus a random Config.Jitter.
+// Each round takes a PostgreSQL advisory lock without waiting, so among
+// any number of workers one cleans at a time; each round is bounded by
+// Config.RoundTimeout, and a failed round is logged and retried at the next
+// one.
+package retention
