@@ -37,6 +37,11 @@ type Options struct {
 	// TrackAttempts keeps failed attempts and original routes in the
 	// attempts table (a queue with a retry queue).
 	TrackAttempts bool
+	// Postpone lets a message whose first write names a row another batch
+	// in flight wrote leave its batch (Postponed) instead of waiting for
+	// that batch's locks. Not for ordered sources or ordering keys: the
+	// message then runs after later ones.
+	Postpone bool
 	// InOrder processes in order: once an item is to be retried, the items
 	// after it are Deferred and nothing after it commits; a split batch
 	// whose first half does not settle does not run its second half.
@@ -125,6 +130,7 @@ type batch struct {
 	runnable   []int          // the items claimed, in batch order
 	decisions  []inbox.Result // their claims, indexed like items
 	ended      bool           // a handler ended the transaction past the guard
+	keys       []uint64       // the rows the batch's handlers wrote (see writeKeys)
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -187,6 +193,7 @@ func (b *batch) end(err error) {
 		}
 		endSpan(span, r)
 	}
+	b.e.keys.release(b, b.keys)
 	if b.conn == nil || !b.watch.release() {
 		return // never began, or abandoned: the connection is not ours any more
 	}
@@ -208,13 +215,13 @@ func (b *batch) begin(ctx context.Context) error {
 		return &batchError{err: fmt.Errorf("acquire a connection: %w", err)}
 	}
 	b.conn = conn
-	b.watch.hold(conn)
+	b.watch.hold(conn, b)
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.o, b.p)})
 	if err != nil {
 		return &batchError{err: fmt.Errorf("begin: %w", err)}
 	}
 	b.tx = tx
-	b.htx = &handlerTx{Tx: tx}
+	b.htx = &handlerTx{Tx: tx, b: b}
 	return nil
 }
 

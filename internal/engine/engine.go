@@ -81,6 +81,7 @@ type Engine struct {
 	inbox *inbox.Inbox
 	tel   *Telemetry
 	gov   *governor
+	keys  *writeKeys
 	sql   statements
 
 	// Counts holds the outcome counters behind consumer.Stats.
@@ -107,7 +108,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	return &Engine{cfg: cfg, inbox: ib, tel: cfg.Telemetry, gov: newGovernor(cfg.MaxConcurrency),
+	return &Engine{cfg: cfg, inbox: ib, tel: cfg.Telemetry, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
 		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name)}, nil
 }
 
@@ -126,7 +127,7 @@ func (e *Engine) Telemetry() *Telemetry { return e.tel }
 // Counters count what the engine and its sources did.
 type Counters struct {
 	Processed, Duplicates, Conflicts, DeadLettered, Retried, Unresolved atomic.Int64
-	Batches, AcksDropped, Reconnects, Abandoned, Contention             atomic.Int64
+	Batches, AcksDropped, Reconnects, Abandoned, Contention, Postponed  atomic.Int64
 }
 
 // count adds one batch's outcomes to the counters.
@@ -146,6 +147,8 @@ func (k *Counters) count(results []Result) {
 			k.Retried.Add(1)
 		case Unresolved:
 			k.Unresolved.Add(1)
+		case Postponed:
+			k.Postponed.Add(1)
 		}
 	}
 }

@@ -75,20 +75,23 @@ func (g *governor) wait(ctx context.Context, abandon <-chan struct{}) bool {
 // admit waits for a batch's turn; release ends it. serial says the batch
 // must take the consumer's advisory lock. ok is false when ctx ended or
 // abandon closed first.
-func (g *governor) admit(ctx context.Context, abandon <-chan struct{}) (release func(), serial, ok bool) {
+func (g *governor) admit(ctx context.Context, abandon <-chan struct{}) (release func(), serial, solo, ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for g.alone || g.waiting > 0 || g.running >= g.limit {
 		if !g.wait(ctx, abandon) {
-			return nil, false, false
+			return nil, false, false, false
 		}
 	}
 	g.running++
+	// Alone in this process while it runs: nothing else is running, and
+	// nothing else is admitted until it ends.
+	solo = g.running == 1 && g.limit == 1
 	serial = !g.serialUntil.IsZero()
 	if serial && !g.probing && time.Now().After(g.serialUntil) {
 		g.probing, serial = true, false // this one tries without the lock
 	}
-	return g.leave, serial, true
+	return g.leave, serial, solo, true
 }
 
 func (g *governor) leave() {
@@ -121,8 +124,9 @@ func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (rele
 }
 
 // done records how a batch transaction ended; serial says whether it held
-// the consumer's advisory lock.
-func (g *governor) done(contention, serial bool) {
+// the consumer's advisory lock, solo whether it ran alone in this process
+// (so that a conflict it met was with another process).
+func (g *governor) done(contention, serial, solo bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !serial && g.probing {
@@ -134,7 +138,7 @@ func (g *governor) done(contention, serial bool) {
 		}
 	}
 	switch {
-	case contention && g.limit == 1 && !serial:
+	case contention && solo && !serial:
 		g.serialUntil = time.Now().Add(probeEvery) // conflicts with other processes
 		g.streak = 0
 	case contention:

@@ -94,12 +94,24 @@ func (b *batch) deferAfterStop() {
 	}
 }
 
+// maxPostponements is how many batches a message may leave before it waits
+// for the rows it writes like any other.
+const maxPostponements = 3
+
 // runOne runs item i's handler and decides its result.
 func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	it := b.items[i]
+	b.htx.next(b.o.Postpone && it.postponed < maxPostponements && d.Decision == inbox.NewMessage)
 	herr, err := b.call(ctx, i, func(hctx context.Context) error { return b.e.cfg.Handler(hctx, b.htx, it) })
 	if err != nil {
 		return err
+	}
+	if b.htx.postponed {
+		// Nothing of it was written: it leaves the batch for a later one.
+		it.postponed++
+		b.results[i] = Result{Outcome: Postponed, Inbox: d.Decision}
+		b.unclaim = append(b.unclaim, it.ID)
+		return nil
 	}
 	if herr == nil {
 		b.results[i].Outcome = Processed

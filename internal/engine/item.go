@@ -45,6 +45,9 @@ type Item struct {
 
 	// row is the item's attempts-table row, once read.
 	row *attemptRow
+	// postponed counts the batches the item left because another batch in
+	// flight wrote its row (see writeKeys).
+	postponed int
 }
 
 // Reject says why a message cannot be processed.
@@ -75,6 +78,9 @@ const (
 	// Deferred: not attempted because an earlier message of an ordered
 	// batch is retried; it runs again after that one.
 	Deferred
+	// Postponed: it left its batch before writing anything, because another
+	// batch in flight writes its row; the source runs it in a later batch.
+	Postponed
 )
 
 // String is the outcome's metric and log name.
@@ -94,6 +100,8 @@ func (o Outcome) String() string {
 		return "skipped"
 	case Deferred:
 		return "deferred"
+	case Postponed:
+		return "postponed"
 	default:
 		return "undecided"
 	}

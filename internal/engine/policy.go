@@ -53,10 +53,10 @@ func (e *Engine) Run(ctx context.Context, items []*Item, o Options) []Result {
 func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Result, alone bool) []Result {
 	lock := e.cfg.LockTimeout
 	for attempt := 1; ; attempt++ {
-		release, serial := func() {}, false
+		release, serial, solo := func() {}, false, false
 		if !alone {
 			var ok bool
-			if release, serial, ok = e.gov.admit(ctx, o.Abandon); !ok {
+			if release, serial, solo, ok = e.gov.admit(ctx, o.Abandon); !ok {
 				return unresolved(len(items), context.Cause(ctx))
 			}
 		}
@@ -69,7 +69,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 		}
 		be, _ := errors.AsType[*batchError](err)
 		contention := be != nil && be.contention
-		e.gov.done(contention, serial)
+		e.gov.done(contention, serial, solo)
 		if err == nil {
 			return res
 		}

@@ -21,10 +21,45 @@ var ErrTransactionControl = errors.New("the runtime owns the batch transaction: 
 
 // handlerTx is the transaction handlers get. It refuses transaction control
 // and remembers that the handler tried, so that the runtime fails the
-// message even when the handler swallows the error.
+// message even when the handler swallows the error. It also names the rows
+// the handler writes (see writeKeys) and postpones a message whose first
+// write names a row another batch in flight wrote.
 type handlerTx struct {
 	pgx.Tx
 	violated atomic.Bool
+
+	b        *batch // whose keys the handler's writes are
+	postpone bool   // the current message may be postponed
+	wrote    bool   // the current message has written
+	// postponed reports that the current message was postponed: every
+	// statement it sent after that was refused, so nothing of it was written.
+	postponed bool
+}
+
+// errPostponed is what a postponed message's statements return.
+var errPostponed = errors.New("engine: another batch in flight writes this row; the message runs in a later batch")
+
+// next readies the transaction for the next message's handler.
+func (t *handlerTx) next(postpone bool) { t.postpone, t.wrote, t.postponed = postpone, false, false }
+
+// admit lets a statement through, or postpones the message: a write whose
+// row another batch in flight wrote, before the message wrote anything.
+func (t *handlerTx) admit(sql string, args []any) error {
+	if t.postponed {
+		return errPostponed
+	}
+	if t.b == nil || !isWrite(sql) {
+		return nil
+	}
+	key := rowKey(sql, args)
+	if t.b.e.keys.take(t.b, key) {
+		t.b.keys = append(t.b.keys, key)
+	} else if t.postpone && !t.wrote {
+		t.postponed = true
+		return errPostponed
+	}
+	t.wrote = true
+	return nil
 }
 
 func (t *handlerTx) refuse(what string) error {
@@ -46,11 +81,17 @@ func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 	if err := t.check(sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	if err := t.admit(sql, args); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	return t.Tx.Exec(ctx, sql, args...)
 }
 
 func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if err := t.check(sql); err != nil {
+		return nil, err
+	}
+	if err := t.admit(sql, args); err != nil {
 		return nil, err
 	}
 	return t.Tx.Query(ctx, sql, args...)
@@ -60,12 +101,18 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	if err := t.check(sql); err != nil {
 		return errRow{err}
 	}
+	if err := t.admit(sql, args); err != nil {
+		return errRow{err}
+	}
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	for _, q := range b.QueuedQueries {
 		if err := t.check(q.SQL); err != nil {
+			return errBatch{err}
+		}
+		if err := t.admit(q.SQL, q.Arguments); err != nil {
 			return errBatch{err}
 		}
 	}

@@ -35,3 +35,46 @@ func FuzzTransactionControlNeverPanics(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, sql string) { transactionControl(sql) })
 }
+
+func TestRowKeysNameEqualStatementsAlikeAndOthersApart(t *testing.T) {
+	const upd = "UPDATE accounts SET balance = balance + 1 WHERE id = $1"
+	if rowKey(upd, []any{int32(7)}) != rowKey(upd, []any{int32(7)}) {
+		t.Error("one statement with one argument must name one row")
+	}
+	for _, other := range [][]any{{int32(8)}, {int32(7), 1}, {"7"}, nil} {
+		if rowKey(upd, []any{int32(7)}) == rowKey(upd, other) {
+			t.Errorf("args %v named the same row as 7", other)
+		}
+	}
+	for sql, want := range map[string]bool{
+		upd: true, " insert into t values (1)": true, "/* x */ DELETE FROM t": true, "(UPDATE t SET a = 1)": true,
+		"SELECT * FROM t": false, "WITH x AS (SELECT 1) SELECT * FROM x": false, "": false, "merge into t using s on true": true,
+	} {
+		if isWrite(sql) != want {
+			t.Errorf("isWrite(%q) = %v", sql, !want)
+		}
+	}
+}
+
+func TestWriteKeysBelongToOneBatchUntilItEnds(t *testing.T) {
+	k := newWriteKeys()
+	a, b := &batch{}, &batch{}
+	if !k.take(a, 1) || !k.take(a, 1) {
+		t.Fatal("a batch may take its own key again")
+	}
+	if k.take(b, 1) {
+		t.Fatal("another batch's key was taken")
+	}
+	k.release(b, []uint64{1}) // not b's: stays a's
+	if k.take(b, 1) {
+		t.Fatal("released by a batch that did not own it")
+	}
+	k.release(a, []uint64{1})
+	if !k.take(b, 1) {
+		t.Fatal("a's key not free after a ended")
+	}
+	k.releaseAll(b)
+	if len(k.owner) != 0 {
+		t.Fatalf("left: %v", k.owner)
+	}
+}

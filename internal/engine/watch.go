@@ -27,15 +27,16 @@ var errAbandoned = errors.New("engine: the handler returned after it was abandon
 type watch struct {
 	mu        sync.Mutex
 	conn      *pgxpool.Conn
+	owner     *batch
 	inHandler bool
 	index     int // the item whose handler runs; -1 for the batch handler
 	started   time.Time
 	abandoned bool
 }
 
-func (w *watch) hold(conn *pgxpool.Conn) {
+func (w *watch) hold(conn *pgxpool.Conn, b *batch) {
 	w.mu.Lock()
-	w.conn = conn
+	w.conn, w.owner = conn, b
 	w.mu.Unlock()
 }
 
@@ -104,6 +105,7 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *p
 		case now := <-timer.C:
 			index, wait, abandon := w.overdue(now, limit)
 			if abandon {
+				e.keys.releaseAll(w.owner)
 				return e.abandon(ctx, items, index, w.conn)
 			}
 			timer.Reset(max(wait, time.Millisecond))

@@ -213,14 +213,18 @@ func cameBackFrom(h amqp.Table, queue string) bool {
 // is waiting it waits up to BatchMaxWait for the batch to fill.
 func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
 	batch := make([]*delivery, 0, src.cfg.BatchMaxSize)
+	var carry []*delivery // postponed by the last batch: they run in this one
 	var timer *time.Timer
 	for {
-		batch = batch[:0]
-		select {
-		case <-stop:
-			return
-		case d := <-in:
-			batch = append(batch, d)
+		batch = append(batch[:0], carry...)
+		carry = carry[:0]
+		if len(batch) == 0 {
+			select {
+			case <-stop:
+				return
+			case d := <-in:
+				batch = append(batch, d)
+			}
 		}
 		size := src.batchLimit()
 	drain:
@@ -256,21 +260,33 @@ func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{})
 			return // not started: left unacked for redelivery
 		default:
 		}
-		src.runBatch(s, batch)
+		carry = src.runBatch(s, batch, carry)
 	}
 }
 
 // batchLimit is the most messages a worker takes into one batch.
 func (src *Source) batchLimit() int { return src.cfg.BatchMaxSize }
 
-// runBatch runs a batch from one session and settles it with the broker.
-func (src *Source) runBatch(s *session, batch []*delivery) {
+// runBatch runs a batch from one session and settles it with the broker;
+// the messages the batch postponed are appended to carry, for the next one.
+func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
 	items := make([]*engine.Item, len(batch))
 	for i, d := range batch {
 		items[i] = d.it
 	}
-	results := src.eng.Run(s.ctx, items, src.options(s))
-	src.settle(s.ctx, s, batch, results)
+	o := src.options(s)
+	o.Postpone = src.cfg.OrderingKey == nil // postponing reorders: not with ordering keys
+	results := src.eng.Run(s.ctx, items, o)
+	settled, done := batch[:0:0], results[:0:0]
+	for i, r := range results {
+		if r.Outcome == engine.Postponed {
+			carry = append(carry, batch[i])
+			continue
+		}
+		settled, done = append(settled, batch[i]), append(done, r)
+	}
+	src.settle(s.ctx, s, settled, done)
+	return carry
 }
 
 func (src *Source) options(s *session) engine.Options {

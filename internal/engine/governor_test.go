@@ -1,0 +1,91 @@
+package engine
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+func TestGovernorHalvesOnContentionAndRecoversAfterARunOfCleanBatches(t *testing.T) {
+	g := newGovernor(8)
+	g.done(true, false, false)
+	g.done(true, false, false)
+	if g.limit != 2 {
+		t.Fatalf("limit %d after two conflicts, want 2", g.limit)
+	}
+	for range 2 {
+		g.done(false, false, false)
+	}
+	if g.limit != 3 {
+		t.Fatalf("limit %d after a clean run, want 3", g.limit)
+	}
+}
+
+func TestGovernorSerializesAcrossProcessesWhenASoloBatchConflictsAndProbesLater(t *testing.T) {
+	g := newGovernor(1)
+	ctx := context.Background()
+	release, serial, solo, ok := g.admit(ctx, nil)
+	if !ok || serial || !solo {
+		t.Fatalf("first batch: serial %v solo %v ok %v", serial, solo, ok)
+	}
+	release()
+	g.done(true, serial, solo) // alone in this process, yet it conflicted: another process
+	release, serial, _, _ = g.admit(ctx, nil)
+	release()
+	if !serial {
+		t.Fatal("after a solo conflict, batches must take the consumer's lock")
+	}
+	g.done(false, true, true)
+	g.mu.Lock()
+	g.serialUntil = time.Now().Add(-time.Millisecond) // the probe is due
+	g.mu.Unlock()
+	release, serial, _, _ = g.admit(ctx, nil)
+	release()
+	if serial {
+		t.Fatal("the due probe must run without the lock")
+	}
+	g.done(true, false, true) // the probe conflicted: stay serialized
+	if g.serialUntil.IsZero() {
+		t.Fatal("a conflicting probe must keep batches serialized")
+	}
+	g.mu.Lock()
+	g.serialUntil = time.Now().Add(-time.Millisecond)
+	g.mu.Unlock()
+	release, serial, _, _ = g.admit(ctx, nil)
+	release()
+	g.done(false, serial, true) // a clean probe
+	if !g.serialUntil.IsZero() {
+		t.Fatal("a clean probe must end the serialization")
+	}
+}
+
+func TestExclusiveRunWaitsForRunningBatchesAndHoldsNewOnesBack(t *testing.T) {
+	g := newGovernor(4)
+	ctx := context.Background()
+	release, _, _, _ := g.admit(ctx, nil)
+	got := make(chan func(), 1)
+	go func() {
+		r, ok := g.exclusive(ctx, nil)
+		if ok {
+			got <- r
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-got:
+		t.Fatal("ran alone while a batch was running")
+	default:
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, _, _, ok := g.admit(short, nil); ok {
+		t.Fatal("a new batch was admitted while a suspect waited to run alone")
+	}
+	release()
+	select {
+	case r := <-got:
+		r()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the exclusive run never started")
+	}
+}
