@@ -50,6 +50,9 @@ type Config struct {
 
 	// BusinessKey, when set, derives Message.BusinessKey (stored in the inbox).
 	// An error dead-letters the message with reason "invalid_business_key".
+	// Without an OrderingKey it also schedules: messages with one business
+	// key go to one worker (no order is promised), so that the batches of
+	// different workers rarely write the same rows.
 	// Like Hash and MessageID, it may be called from several goroutines at
 	// once (large stream and replay batches are prepared in parallel).
 	BusinessKey func(m *Message) (string, error)

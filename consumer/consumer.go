@@ -81,6 +81,12 @@ func New(cfg Config) (*Consumer, error) {
 		if cfg.OrderingKey != nil {
 			sc.OrderingKey = func(it *engine.Item) string { return cfg.OrderingKey(it.Msg.(*Message)) }
 		}
+		if cfg.BusinessKey != nil {
+			// Without an ordering key, the business key schedules: messages
+			// of one key go to one worker, whose batches then rarely meet
+			// another worker's rows.
+			sc.AffinityKey = func(it *engine.Item) string { return it.BusinessKey }
+		}
 		c.src = queuesource.New(sc, c.eng)
 	}
 	return c, nil

@@ -40,7 +40,10 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 	src.eng.Vitals.Connected.Store(true)
 	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
 	r.inputs = make([]chan *delivery, 1)
-	if src.cfg.OrderingKey != nil {
+	if r.key = src.cfg.OrderingKey; r.key == nil {
+		r.key = src.cfg.AffinityKey
+	}
+	if r.key != nil {
 		r.inputs = make([]chan *delivery, src.cfg.Workers)
 	}
 	for i := range r.inputs {
@@ -98,6 +101,7 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 type router struct {
 	src      *Source
 	s        *session
+	key      func(*engine.Item) string // routes to inputs; nil with one input
 	inputs   []chan *delivery
 	suspects chan *delivery
 }
@@ -154,7 +158,7 @@ func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery) erro
 
 // route hands d to the isolation goroutine if the broker delivered it before
 // (it may have killed its worker), else to its worker: the only one, or the
-// one its ordering key hashes to. It returns false if ctx ended or the
+// one its ordering (or affinity) key hashes to. It returns false if ctx ended or the
 // session died first.
 func (r *router) route(ctx context.Context, d amqp.Delivery) bool {
 	src, s := r.src, r.s
@@ -169,7 +173,7 @@ func (r *router) route(ctx context.Context, d amqp.Delivery) bool {
 		in = r.inputs[0]
 		if len(r.inputs) > 1 {
 			h := fnv.New32a()
-			h.Write([]byte(src.cfg.OrderingKey(dv.it)))
+			h.Write([]byte(r.key(dv.it)))
 			in = r.inputs[h.Sum32()%uint32(len(r.inputs))]
 		}
 	}

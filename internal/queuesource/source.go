@@ -50,6 +50,10 @@ type Config struct {
 	Prepare func(d *amqp.Delivery, received time.Time) *engine.Item
 	// OrderingKey, when set, keeps items with one key on one worker, in order.
 	OrderingKey func(*engine.Item) string
+	// AffinityKey, when set and OrderingKey is not, sends items with one key
+	// to one worker, so that concurrent batches rarely write the same rows;
+	// unlike OrderingKey it keeps no order (a postponed item runs later).
+	AffinityKey func(*engine.Item) string
 	// AfterCommit, when set (tests), runs after each commit, before the acks.
 	AfterCommit func()
 }
