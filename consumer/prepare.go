@@ -33,7 +33,8 @@ func (c *Consumer) prepare(raw *engine.Raw) *engine.Item {
 		m.Source = c.source
 	}
 	it := &engine.Item{Msg: m, Source: m.Source, Offset: m.Offset, HasOffset: m.HasOffset, Exchange: m.Exchange,
-		RoutingKey: m.RoutingKey, Headers: m.Headers, Body: m.Body, Attempt: m.Attempt}
+		RoutingKey: m.RoutingKey, Headers: m.Headers, ConversationID: m.CorrelationID, Body: m.Body, Attempt: m.Attempt}
+	c.tel.Consumed(context.Background(), 1)
 	it.Reject = c.derive(m, raw.MessageID)
 	it.ID, it.Hash, it.BusinessKey = m.ID, m.Hash, m.BusinessKey
 	if it.Reject != nil && it.ID == "" && raw.MessageID != "" {

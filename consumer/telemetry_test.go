@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -51,23 +52,30 @@ func TestTelemetryCountsOutcomesAndSpansEachMessage(t *testing.T) {
 			byName[m.Name] = m.Data
 		}
 	}
-	counts := map[string]int64{}
-	for _, dp := range byName["idem.consumer.messages"].(metricdata.Sum[int64]).DataPoints {
-		outcome, _ := dp.Attributes.Value("outcome")
-		require.Equal(t, attribute.NewSet(attribute.String("idem.consumer", "test"),
-			attribute.String("messaging.destination.name", e.queue), attribute.KeyValue{Key: "outcome", Value: outcome}), dp.Attributes)
-		counts[outcome.AsString()] += dp.Value
+	base := []attribute.KeyValue{semconv.MessagingSystemRabbitMQ, semconv.MessagingConsumerGroupName("test"),
+		semconv.MessagingDestinationSubscriptionName(e.queue)}
+	with := func(kv ...attribute.KeyValue) attribute.Set { return attribute.NewSet(append(kv, base...)...) }
+	sums := func(name, key string) map[string]int64 {
+		out := map[string]int64{}
+		for _, dp := range byName[name].(metricdata.Sum[int64]).DataPoints {
+			v, _ := dp.Attributes.Value(attribute.Key(key))
+			require.Equal(t, with(attribute.KeyValue{Key: attribute.Key(key), Value: v}), dp.Attributes, name)
+			out[v.Emit()] += dp.Value
+		}
+		return out
 	}
-	base := attribute.NewSet(attribute.String("idem.consumer", "test"), attribute.String("messaging.destination.name", e.queue))
-	require.Equal(t, map[string]int64{"processed": 1, "duplicate": 1, "dead_lettered": 1}, counts)
+	require.Equal(t, map[string]int64{"processed": 1, "duplicate": 1, "dead_lettered": 1}, sums("idem.consumer.messages", "outcome"))
+	require.Equal(t, map[string]int64{"new": 2, "duplicate": 1}, sums("idem.consumer.inbox.decisions", "decision"))
+	require.Equal(t, map[string]int64{"permanent": 1}, sums("idem.consumer.dead_letters", "reason"))
+	require.Equal(t, map[string]int64{"receive": 3}, sums("messaging.client.consumed.messages", string(semconv.MessagingOperationNameKey)))
 	size := byName["idem.consumer.batch.size"].(metricdata.Histogram[int64]).DataPoints
 	require.Len(t, size, 1)
-	require.Equal(t, base, size[0].Attributes)
+	require.Equal(t, attribute.NewSet(base...), size[0].Attributes)
 	require.GreaterOrEqual(t, size[0].Sum, int64(3), "every message was in a batch transaction (a rerun counts again)")
-	handler := byName["idem.consumer.handler.duration"].(metricdata.Histogram[float64]).DataPoints
-	require.Len(t, handler, 1)
-	require.Equal(t, base, handler[0].Attributes)
-	require.GreaterOrEqual(t, handler[0].Count, uint64(2), "each new message ran its handler")
+	process := byName["messaging.process.duration"].(metricdata.Histogram[float64]).DataPoints
+	require.Len(t, process, 1)
+	require.Equal(t, with(semconv.MessagingOperationName("process")), process[0].Attributes)
+	require.GreaterOrEqual(t, process[0].Count, uint64(2), "each new message ran its handler")
 	require.Contains(t, byName, "idem.consumer.commit.duration")
 
 	// A span per processing attempt: attempts abandoned for a rerun of the
@@ -80,7 +88,15 @@ func TestTelemetryCountsOutcomesAndSpansEachMessage(t *testing.T) {
 		require.Equal(t, "process "+e.queue, s.Name())
 		require.Equal(t, trace.SpanKindConsumer, s.SpanKind())
 		attrs := attribute.NewSet(s.Attributes()...)
-		id, _ := attrs.Value("messaging.message.id")
+		for _, want := range []attribute.KeyValue{semconv.MessagingSystemRabbitMQ, semconv.MessagingOperationTypeProcess,
+			semconv.MessagingDestinationName(""), semconv.MessagingRabbitMQDestinationRoutingKey(e.queue),
+			semconv.MessagingDestinationSubscriptionName(e.queue), semconv.MessagingConsumerGroupName("test")} {
+			got, _ := attrs.Value(want.Key)
+			require.Equal(t, want.Value, got, "span attribute %s", want.Key)
+		}
+		tag, _ := attrs.Value(semconv.MessagingRabbitMQMessageDeliveryTagKey)
+		require.Positive(t, tag.AsInt64(), "delivery tag")
+		id, _ := attrs.Value(semconv.MessagingMessageIDKey)
 		outcome, _ := attrs.Value("idem.outcome")
 		if outcome.AsString() != "unresolved" {
 			outcomes[id.AsString()] = append(outcomes[id.AsString()], outcome.AsString())
@@ -89,4 +105,33 @@ func TestTelemetryCountsOutcomesAndSpansEachMessage(t *testing.T) {
 	require.ElementsMatch(t, []string{"processed", "duplicate"}, outcomes["ok"])
 	require.Equal(t, []string{"dead_lettered"}, outcomes["bad"])
 	require.Len(t, outcomes, 2)
+}
+
+// Process (tests, custom sources) reports the same instruments as Run.
+func TestProcessReportsTheSameMetricsAsRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reader := sdkmetric.NewManualReader()
+	c := e.newConsumer(e.effectHandler(), func(cfg *Config) {
+		cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	})
+	_, err := c.Process(context.Background(), []Incoming{{MessageID: "a", Body: []byte(`1`)}, {MessageID: "a", Body: []byte(`1`)},
+		{Body: []byte(`no id`)}})
+	require.NoError(t, err)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	seen := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, dp := range sum.DataPoints {
+					seen[m.Name] += dp.Value
+				}
+			}
+		}
+	}
+	require.EqualValues(t, 3, seen["messaging.client.consumed.messages"])
+	require.EqualValues(t, 3, seen["idem.consumer.messages"])
+	require.EqualValues(t, 2, seen["idem.consumer.inbox.decisions"])
+	require.EqualValues(t, 1, seen["idem.consumer.dead_letters"])
 }

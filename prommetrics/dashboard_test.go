@@ -32,7 +32,7 @@ var (
 	// names and values rather than series names.
 	byClause = regexp.MustCompile(`\b(by|without)\s*\([^)]*\)`)
 	matcher  = regexp.MustCompile(`\{[^}]*\}`)
-	series   = regexp.MustCompile(`\b(?:idem|http_server)_[a-z_]+`)
+	series   = regexp.MustCompile(`\b(?:idem|http_server|messaging)_[a-z_]+`)
 )
 
 func TestDashboardReadsOnlySeriesTheGuideLists(t *testing.T) {

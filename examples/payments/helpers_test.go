@@ -32,6 +32,8 @@ type env struct {
 	gateway *gateway
 	ledger  *ledger.Ledger
 	worker  *worker
+	// traceparents holds the traceparent header of every gateway request.
+	traceparents chan string
 }
 
 // newEnv starts a gateway with faults f and a worker calling it through
@@ -43,8 +45,15 @@ func newEnv(t *testing.T, f faults, client *http.Client, tune func(*ledger.Dispa
 	pool, tables := testdb.Schema(t)
 	require.NoError(t, createPaymentsTable(ctx, pool, tables))
 	e := &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t),
-		gateway: newGateway(f, testLogger())}
-	srv := httptest.NewServer(e.gateway.handler())
+		gateway: newGateway(f, testLogger()), traceparents: make(chan string, 1000)}
+	gw := e.gateway.handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case e.traceparents <- r.Header.Get("traceparent"):
+		default:
+		}
+		gw.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	var err error
 	e.ledger, err = ledger.New(ledger.Config{Pool: pool, Tables: tables})

@@ -192,7 +192,7 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 		return nil, errAbandoned // the supervisor decided; touch nothing
 	}
 	b.e.Vitals.moved()
-	b.e.tel.handlerTime(ctx, time.Since(start))
+	b.e.tel.processTime(ctx, time.Since(start))
 	exclude := func(r Result) error {
 		if index < 0 {
 			return &excludeError{index: -1, result: r}

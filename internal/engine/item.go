@@ -27,6 +27,10 @@ type Item struct {
 	Exchange, RoutingKey string
 	// Headers are the message headers (trace context, span attributes).
 	Headers map[string]any
+	// ConversationID is the correlation id, for spans.
+	ConversationID string
+	// DeliveryTag is the AMQP delivery tag, for spans (0 for streams).
+	DeliveryTag uint64
 	// Body is the payload (dead-letter rows keep it with StorePayloads).
 	Body []byte
 	// Attempt is 1 for a first attempt; the engine raises it from the

@@ -2,49 +2,64 @@ package engine
 
 import (
 	"context"
-	"strconv"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/tracing"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 )
 
 const instrumentation = "github.com/idemkit/idem/consumer"
 
+// durationBuckets are the boundaries, in seconds, of the runtime's
+// duration histograms: a handler or a commit takes from a fraction of a
+// millisecond to seconds.
+var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+
 // Telemetry holds the runtime's instruments, shared by the engine and its
-// sources. Attributes are low-cardinality (consumer name, source, outcome);
-// message ids go on spans only.
+// sources. Metric attributes are low-cardinality — the messaging system,
+// the consumer (messaging.consumer.group.name: every process with one Name
+// shares its work) and the queue or stream it reads
+// (messaging.destination.subscription.name), plus an outcome, decision or
+// reason — and message ids, exchanges and routing keys go on spans only.
 type Telemetry struct {
-	name         string
+	name, source string
 	tracer       trace.Tracer
+	consumed     metric.Int64Counter
+	processDur   metric.Float64Histogram
 	messages     metric.Int64Counter
+	decisions    metric.Int64Counter
+	deadLetters  metric.Int64Counter
+	redelivered  metric.Int64Counter
 	batchSize    metric.Int64Histogram
-	handlerDur   metric.Float64Histogram
 	commitDur    metric.Float64Histogram
 	batchRetries metric.Int64Counter
 	acksDropped  metric.Int64Counter
 	reconnects   metric.Int64Counter
 	limits       metric.Int64Counter
 	abandonedN   metric.Int64Counter
-	base         attribute.Set
-	baseAttrs    []attribute.KeyValue
-	// Built once, used on every message: an option or a name built per
-	// call is an allocation per message.
-	baseRecord []metric.RecordOption // WithAttributeSet(base)
-	baseAdd    []metric.AddOption    // WithAttributeSet(base)
-	source     string                // the configured source
-	spanName   string                // "process " + source
-	spanStart  []trace.SpanStartOption
-	byOutcome  map[string][]metric.AddOption // read-only after newTelemetry
+	base         []attribute.KeyValue
+	// Built once, used per message: an option built per call is an
+	// allocation per message.
+	baseRecord  []metric.RecordOption
+	baseAdd     []metric.AddOption
+	processSet  attribute.Set
+	consumedOpt []metric.AddOption
+	byOutcome   map[Outcome][]metric.AddOption
+	byDecision  map[string][]metric.AddOption
+	conflictOpt []metric.AddOption
+	spanStart   []trace.SpanStartOption
 }
 
-// NewTelemetry builds the instruments of consumer name reading source; nil
-// providers mean the global ones. lag reports the stream lag, when there is one.
+// NewTelemetry builds the instruments of consumer name reading source (a
+// queue or a stream); nil providers mean the global ones. lag reports the
+// stream lag, when there is one.
 func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerProvider, lag func() (int64, bool)) (*Telemetry, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
@@ -52,111 +67,140 @@ func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerP
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
-	m := mp.Meter(instrumentation)
-	t := &Telemetry{name: name, tracer: tp.Tracer(instrumentation)}
-	t.baseAttrs = []attribute.KeyValue{attribute.String("idem.consumer", name), attribute.String("messaging.destination.name", source)}
-	t.base = attribute.NewSet(t.baseAttrs...)
-	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(t.base)}
-	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(t.base)}
-	t.source, t.spanName = source, "process "+source
+	m := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
+	t := &Telemetry{name: name, source: source, tracer: tp.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
+	t.base = []attribute.KeyValue{semconv.MessagingSystemRabbitMQ, semconv.MessagingConsumerGroupName(name),
+		semconv.MessagingDestinationSubscriptionName(source)}
+	set := attribute.NewSet(t.base...)
+	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(set)}
+	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(set)}
+	t.processSet = attribute.NewSet(append(t.base, semconv.MessagingOperationName("process"))...)
+	t.consumedOpt = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("receive"))...))}
 	t.spanStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-	t.byOutcome = map[string][]metric.AddOption{}
-	for _, name := range []string{"processed", "duplicate", "conflict", "dead_lettered", "retried", "skipped", "deferred", "unresolved"} {
-		t.byOutcome[name] = []metric.AddOption{t.with(attribute.String("outcome", name))}
+	t.byOutcome = map[Outcome][]metric.AddOption{}
+	for o := Processed; o <= Postponed; o++ {
+		t.byOutcome[o] = []metric.AddOption{t.with(attribute.String("outcome", o.String()))}
 	}
-	var err error
-	if t.messages, err = m.Int64Counter("idem.consumer.messages",
-		metric.WithDescription("Messages by outcome: processed, duplicate, conflict, retried, dead_lettered, unresolved.")); err != nil {
+	t.conflictOpt = []metric.AddOption{t.with(attribute.String("outcome", "conflict"))}
+	t.byDecision = map[string][]metric.AddOption{}
+	for _, d := range []string{"new", "duplicate", "conflict"} {
+		t.byDecision[d] = []metric.AddOption{t.with(attribute.String("decision", d))}
+	}
+	if err := t.semconvInstruments(m); err != nil {
 		return nil, err
 	}
-	if t.batchSize, err = m.Int64Histogram("idem.consumer.batch.size",
+	if err := t.idemInstruments(m); err != nil {
+		return nil, err
+	}
+	return t, t.lagGauge(m, lag)
+}
+
+// semconvInstruments builds the messaging instruments of the OpenTelemetry
+// semantic conventions.
+func (t *Telemetry) semconvInstruments(m metric.Meter) error {
+	consumed, err := messagingconv.NewClientConsumedMessages(m)
+	if err != nil {
+		return err
+	}
+	process, err := messagingconv.NewProcessDuration(m, metric.WithExplicitBucketBoundaries(durationBuckets...))
+	if err != nil {
+		return err
+	}
+	t.consumed, t.processDur = consumed.Inst(), process.Inst()
+	return nil
+}
+
+// idemInstruments builds idem's own instruments.
+func (t *Telemetry) idemInstruments(m metric.Meter) error {
+	var err error
+	counter := func(dst *metric.Int64Counter, name, desc string) {
+		if err == nil {
+			*dst, err = m.Int64Counter(name, metric.WithDescription(desc))
+		}
+	}
+	counter(&t.messages, "idem.consumer.messages", "Messages by outcome: processed, duplicate, conflict, dead_lettered, retried, unresolved, postponed.")
+	counter(&t.decisions, "idem.consumer.inbox.decisions", "Inbox claims by decision: new, duplicate, conflict.")
+	counter(&t.deadLetters, "idem.consumer.dead_letters", "Messages dead-lettered, by reason.")
+	counter(&t.redelivered, "idem.consumer.redeliveries", "Deliveries the broker made before (redelivered, x-delivery-count), run alone.")
+	counter(&t.batchRetries, "idem.consumer.batch.retries", "Batch transactions retried after a database failure or a conflict (contention).")
+	counter(&t.acksDropped, "idem.consumer.acks.dropped", "Acks not sent because their channel died (the broker redelivers).")
+	counter(&t.reconnects, "idem.consumer.reconnects", "Broker reconnects (queues) and stream reader restarts.")
+	counter(&t.limits, "idem.consumer.limits", "Messages dead-lettered by a limit: message_bytes, headers, id_bytes.")
+	counter(&t.abandonedN, "idem.consumer.handlers.abandoned", "Handlers that ignored their context past HandlerTimeout and were abandoned.")
+	if err != nil {
+		return err
+	}
+	if t.batchSize, err = m.Int64Histogram("idem.consumer.batch.size", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages per batch transaction."),
 		metric.WithExplicitBucketBoundaries(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)); err != nil {
-		return nil, err
+		return err
 	}
-	if t.handlerDur, err = m.Float64Histogram("idem.consumer.handler.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time spent in the handler per message.")); err != nil {
-		return nil, err
-	}
-	if t.commitDur, err = m.Float64Histogram("idem.consumer.commit.duration", metric.WithUnit("s"),
-		metric.WithDescription("Time spent committing a batch.")); err != nil {
-		return nil, err
-	}
-	if t.batchRetries, err = m.Int64Counter("idem.consumer.batch.retries",
-		metric.WithDescription("Batch transactions retried after a database failure.")); err != nil {
-		return nil, err
-	}
-	if t.acksDropped, err = m.Int64Counter("idem.consumer.acks.dropped",
-		metric.WithDescription("Acks not sent because their channel died (the broker redelivers).")); err != nil {
-		return nil, err
-	}
-	if t.reconnects, err = m.Int64Counter("idem.consumer.reconnects",
-		metric.WithDescription("Broker reconnects (queues) and stream reader restarts.")); err != nil {
-		return nil, err
-	}
-	if t.limits, err = m.Int64Counter("idem.consumer.limits",
-		metric.WithDescription("Messages dead-lettered by a limit: message_bytes, headers, id_bytes.")); err != nil {
-		return nil, err
-	}
-	if t.abandonedN, err = m.Int64Counter("idem.consumer.handlers.abandoned",
-		metric.WithDescription("Handlers that ignored their context past HandlerTimeout and were abandoned.")); err != nil {
-		return nil, err
-	}
-	if _, err = m.Int64ObservableGauge("idem.consumer.stream.lag",
+	t.commitDur, err = m.Float64Histogram("idem.consumer.commit.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time spent committing a batch transaction."), metric.WithExplicitBucketBoundaries(durationBuckets...))
+	return err
+}
+
+func (t *Telemetry) lagGauge(m metric.Meter, lag func() (int64, bool)) error {
+	set := attribute.NewSet(t.base...)
+	_, err := m.Int64ObservableGauge("idem.consumer.stream.lag", metric.WithUnit("{message}"),
 		metric.WithDescription("Stream tail offset minus the committed checkpoint (sampled every 10s)."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if n, ok := lag(); ok {
-				o.Observe(n, metric.WithAttributeSet(t.base))
+				o.Observe(n, metric.WithAttributeSet(set))
 			}
 			return nil
-		})); err != nil {
-		return nil, err
-	}
-	return t, nil
+		}))
+	return err
 }
 
 func (t *Telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributes(append(kv, t.baseAttrs...)...)
+	return metric.WithAttributes(append(kv, t.base...)...)
 }
 
-// outcomes counts a batch's results by outcome.
+// Consumed counts n messages received from the source.
+func (t *Telemetry) Consumed(ctx context.Context, n int) {
+	t.consumed.Add(ctx, int64(n), t.consumedOpt...)
+}
+
+// Redelivered counts a delivery the broker made before.
+func (t *Telemetry) Redelivered(ctx context.Context) { t.redelivered.Add(ctx, 1, t.baseAdd...) }
+
+// outcomes counts a batch's results by outcome, inbox decision and
+// dead-letter reason.
 func (t *Telemetry) outcomes(ctx context.Context, res []Result) {
-	var counts [Deferred + 2]int
-	conflicts := 0
+	var counts [Postponed + 1]int
+	decisions := map[string]int{}
 	for _, r := range res {
-		if r.Outcome == DeadLettered && r.Reason == deadletters.ReasonPayloadConflict {
-			conflicts++
-			continue
+		if r.Inbox != 0 {
+			decisions[r.Inbox.String()]++
 		}
-		if int(r.Outcome) < len(counts) {
+		switch {
+		case r.Outcome == DeadLettered && r.Reason == deadletters.ReasonPayloadConflict:
+			t.messages.Add(ctx, 1, t.conflictOpt...)
+		case int(r.Outcome) < len(counts):
 			counts[r.Outcome]++
+		}
+		if r.Outcome == DeadLettered {
+			t.deadLetters.Add(ctx, 1, t.with(attribute.String("reason", r.Reason)))
 		}
 	}
 	for o, n := range counts {
-		if n > 0 && Outcome(o) != Deferred && o != 0 {
-			t.outcome(ctx, Outcome(o).String(), n)
+		if opts, ok := t.byOutcome[Outcome(o)]; ok && n > 0 {
+			t.messages.Add(ctx, int64(n), opts...)
 		}
 	}
-	t.outcome(ctx, "conflict", conflicts)
-}
-
-func (t *Telemetry) outcome(ctx context.Context, name string, n int) {
-	if n <= 0 {
-		return
+	for d, n := range decisions {
+		if opts, ok := t.byDecision[d]; ok {
+			t.decisions.Add(ctx, int64(n), opts...)
+		}
 	}
-	if opts, ok := t.byOutcome[name]; ok {
-		t.messages.Add(ctx, int64(n), opts...)
-		return
-	}
-	t.messages.Add(ctx, int64(n), t.with(attribute.String("outcome", name)))
 }
 
-func (t *Telemetry) batch(ctx context.Context, n int) {
-	t.batchSize.Record(ctx, int64(n), t.baseRecord...)
-}
+func (t *Telemetry) batch(ctx context.Context, n int) { t.batchSize.Record(ctx, int64(n), t.baseRecord...) }
 
-func (t *Telemetry) handlerTime(ctx context.Context, d time.Duration) {
-	t.handlerDur.Record(ctx, d.Seconds(), t.baseRecord...)
+// processTime records one handler run (messaging.process.duration).
+func (t *Telemetry) processTime(ctx context.Context, d time.Duration) {
+	t.processDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.processSet))
 }
 
 func (t *Telemetry) commitTime(ctx context.Context, d time.Duration) {
@@ -178,59 +222,6 @@ func (t *Telemetry) Limit(name string) {
 }
 
 // Reconnect counts a broker reconnect or a stream reader restart.
-func (t *Telemetry) Reconnect(ctx context.Context) {
-	t.reconnects.Add(ctx, 1, t.baseAdd...)
-}
+func (t *Telemetry) Reconnect(ctx context.Context) { t.reconnects.Add(ctx, 1, t.baseAdd...) }
 
-func (t *Telemetry) abandoned(ctx context.Context) {
-	t.abandonedN.Add(ctx, 1, t.baseAdd...)
-}
-
-// startSpan starts the process span of one message, continuing the trace
-// found in its headers (messaging semantic conventions).
-func (t *Telemetry) startSpan(ctx context.Context, m *Item, batchSize int) (context.Context, trace.Span) {
-	if len(m.Headers) > 0 {
-		ctx = tracing.Propagator(nil).Extract(ctx, tracing.AMQPCarrier(m.Headers))
-	}
-	name := t.spanName
-	if m.Source != t.source {
-		name = "process " + m.Source
-	}
-	ctx, span := t.tracer.Start(ctx, name, t.spanStart...)
-	if !span.IsRecording() {
-		return ctx, span // tracing is off: build no attributes
-	}
-	span.SetAttributes(
-		attribute.String("messaging.system", "rabbitmq"),
-		attribute.String("messaging.operation.type", "process"),
-		attribute.String("messaging.operation.name", "process"),
-		attribute.String("messaging.destination.name", m.Source),
-		attribute.String("messaging.message.id", m.ID),
-		attribute.Int("messaging.message.body.size", len(m.Body)),
-		attribute.Int("messaging.batch.message_count", batchSize),
-		attribute.String("idem.consumer", t.name),
-	)
-	if m.RoutingKey != "" {
-		span.SetAttributes(attribute.String("messaging.rabbitmq.destination.routing_key", m.RoutingKey))
-	}
-	if m.HasOffset {
-		span.SetAttributes(attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(m.Offset, 10)))
-	}
-	return ctx, span
-}
-
-// endSpan records the message's outcome on its span.
-func endSpan(span trace.Span, r Result) {
-	if !span.IsRecording() {
-		span.End()
-		return
-	}
-	span.SetAttributes(attribute.String("idem.outcome", r.Outcome.String()))
-	if r.Reason != "" {
-		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.Reason))
-	}
-	if r.Err != nil && r.Outcome != Processed {
-		span.SetStatus(codes.Error, r.Err.Error())
-	}
-	span.End()
-}
+func (t *Telemetry) abandoned(ctx context.Context) { t.abandonedN.Add(ctx, 1, t.baseAdd...) }

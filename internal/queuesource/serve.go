@@ -166,7 +166,10 @@ func (r *router) route(ctx context.Context, d amqp.Delivery) bool {
 	s.gate.take(len(d.Body))
 	src.held.Store(s.gate.heldBytes())
 	dv := &delivery{d: d, s: s, it: src.cfg.Prepare(&d, time.Now())}
-	dv.it.Suspect = isSuspect(&d)
+	dv.it.DeliveryTag = d.DeliveryTag
+	if dv.it.Suspect = isSuspect(&d); dv.it.Suspect {
+		src.eng.Telemetry().Redelivered(ctx)
+	}
 	dv.it.Returned = cameBackFrom(d.Headers, src.cfg.RetryQueue)
 	in := r.suspects
 	if !dv.it.Suspect {
