@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -325,13 +324,6 @@ func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error
 			return err
 		}
 	}
-}
-
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d + 1)
 }
 
 func typeAttr(typ string) attribute.KeyValue { return attribute.String("effect_type", typ) }

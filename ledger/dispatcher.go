@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +20,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/internal/tracing"
 )
 
@@ -443,22 +444,11 @@ func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) 
 // backoff is the delay after the attempt-th failed attempt: exponential, with
 // jitter in [d/2, d].
 func (d *Dispatcher) backoff(attempt int) time.Duration {
-	b := d.cfg.RetryBackoff
-	for i := 1; i < attempt && b < d.cfg.RetryBackoffMax; i++ {
-		b *= 2
-	}
-	b = min(b, d.cfg.RetryBackoffMax)
-	return b/2 + jitter(b/2)
+	return retry.Backoff(attempt, d.cfg.RetryBackoff, d.cfg.RetryBackoffMax)
 }
 
 // truncate returns s as storable text of at most n bytes: valid UTF-8 (an
 // executor's error may quote a target's bytes, and a cut may split a
 // character) and no NUL, which PostgreSQL text cannot hold. One bad error
 // must not fail the batch of outcomes it is written with.
-func truncate(s string, n int) string {
-	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "")
-}
+func truncate(s string, n int) string { return safetext.Truncate(safetext.Clean(s), n) }

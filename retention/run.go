@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pglock"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // Run cleans shortly after it starts (within cfg.Jitter) and then every
@@ -29,9 +29,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log := cfg.Logger.With(slog.String("schema", cfg.Tables.Schema))
-	wait := jitter(cfg.Jitter) // a worker restarted often still cleans
+	wait := retry.Jitter(cfg.Jitter) // a worker restarted often still cleans
 	for {
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return nil
 		}
 		res, ran, err := round(ctx, cfg)
@@ -45,7 +45,7 @@ func Run(ctx context.Context, cfg Config) error {
 		default:
 			log.Info("retention: cleaned", countAttrs(res)...)
 		}
-		wait = cfg.Interval + jitter(cfg.Jitter)
+		wait = cfg.Interval + retry.Jitter(cfg.Jitter)
 	}
 }
 
@@ -91,23 +91,4 @@ func countAttrs(res Result) []any {
 		attrs = append(attrs, slog.Int64(c.Table, c.Deleted))
 	}
 	return attrs
-}
-
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return 0
-	}
-	return rand.N(d + 1)
-}
-
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/safetext"
 )
 
 func init() {
@@ -69,7 +70,7 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 			}
 		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer,
-			d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, truncate(d.Error, 80))
+			d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80))
 	}
 	return w.Flush()
 }
@@ -124,13 +125,6 @@ func dlqName(o deadletters.RedriveOptions) string {
 		return o.DeadLetterQueue
 	}
 	return o.Queue + ".dlq"
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
 }
 
 // deadLetterJSON is one element of `idem deadletters list --json`. The

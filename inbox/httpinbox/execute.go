@@ -33,25 +33,9 @@ func (e *endpoint) execute(w http.ResponseWriter, r *http.Request, c *Claim) {
 			rollback(ctx, tx)
 		}
 	}()
-	if c != nil {
-		var mine bool
-		err := tx.QueryRow(ctx, m.sql.relock, c.id[:], c.owner).Scan(&mine)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// Our lease expired before the transaction began and another
-			// request took the key over.
-			finished = true
-			rollback(ctx, tx)
-			m.metrics.inProgress.Add(ctx, 1, m.metrics.opt(c.operation))
-			writeProblem(w, http.StatusConflict, CodeInProgress,
-				"a request with this Idempotency-Key is in progress", retryAfter(m.cfg.RetryAfter))
-			return
-		}
-		if err != nil {
-			finished = true
-			rollback(ctx, tx)
-			e.fail(w, c, fmt.Errorf("httpinbox: lock key %s: %w", c.id.Short(), err))
-			return
-		}
+	if c != nil && !e.relock(ctx, w, tx, c) {
+		finished = true
+		return
 	}
 	resp, herr := e.h(ctx, ownedTx{tx}, r)
 	var rej *rejection
@@ -114,6 +98,28 @@ func (e *endpoint) execute(w http.ResponseWriter, r *http.Request, c *Claim) {
 			"operation", c.operation, "key_id", c.id.Short())
 	}
 	writeResponse(w, resp.Status, resp.Header, resp.ResourceID, resp.Body, false)
+}
+
+// relock locks c's record again in tx, the handler's transaction; false
+// means it answered already (and rolled tx back): the lease expired and
+// another request took the key over, or the database failed.
+func (e *endpoint) relock(ctx context.Context, w http.ResponseWriter, tx pgx.Tx, c *Claim) bool {
+	m := e.m
+	var mine bool
+	err := tx.QueryRow(ctx, m.sql.relock, c.id[:], c.owner).Scan(&mine)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		rollback(ctx, tx)
+		m.metrics.inProgress.Add(ctx, 1, m.metrics.opt(c.operation))
+		writeProblem(w, http.StatusConflict, CodeInProgress,
+			"a request with this Idempotency-Key is in progress", retryAfter(m.cfg.RetryAfter))
+		return false
+	case err != nil:
+		rollback(ctx, tx)
+		e.fail(w, c, fmt.Errorf("httpinbox: lock key %s: %w", c.id.Short(), err))
+		return false
+	}
+	return true
 }
 
 // complete stores resp in c's record, in the handler's transaction.

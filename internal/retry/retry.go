@@ -26,6 +26,15 @@ func Backoff(n int, base, limit time.Duration) time.Duration {
 	return half + rand.N(half+1)
 }
 
+// Jitter returns a random duration in [0, d]: spread for periodic work
+// that many processes start at once.
+func Jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
 // Sleep waits for d or until ctx is done; it reports whether d elapsed.
 func Sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {

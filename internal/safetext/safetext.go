@@ -33,10 +33,13 @@ func Error(err error) string {
 	return Clean(Truncate(err.Error(), MaxError))
 }
 
-// ShortID truncates an id for logs: ids may carry business data.
-func ShortID(id string) string {
-	if len(id) <= 24 {
-		return id
+// Abbreviate returns s cut to n bytes with an ellipsis, for display.
+func Abbreviate(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return Truncate(id, 24) + "…"
+	return Truncate(s, n) + "…"
 }
+
+// ShortID truncates an id for logs: ids may carry business data.
+func ShortID(id string) string { return Abbreviate(id, 24) }
