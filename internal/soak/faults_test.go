@@ -14,14 +14,11 @@ import (
 	"github.com/idemkit/idem/internal/soak/soakworker"
 )
 
-// exitOf runs sh -c script as incarnation 1 of p (its output in p's log)
-// and returns what Wait returned.
+// exitOf runs sh -c script as the next incarnation of p (its output in p's
+// log) and returns what Wait returned.
 func exitOf(t *testing.T, p *proc, script string) error {
 	t.Helper()
 	p.path, p.args = "/bin/sh", []string{"-c", script}
-	p.mu.Lock()
-	p.stopping = false
-	p.mu.Unlock()
 	require.NoError(t, p.spawn())
 	return p.cmd.Wait()
 }
@@ -44,6 +41,12 @@ func TestSupervisorTellsPoisonCrashesFromOtherExits(t *testing.T) {
 	require.False(t, p.exitedWith(exitOf(t, p, marker(soakworker.FaultCrashExit)+"exit 1"), false),
 		"an exit status the fault does not produce is a finding")
 	require.False(t, p.exitedWith(exitOf(t, p, "exit 0"), false), "a worker does not end by itself")
+	require.Len(t, p.unexpected, 3)
+
+	err := exitOf(t, p, marker(soakworker.FaultCrashExit)+"exit 3")
+	p.stopping = true // the soak sent SIGTERM while the poison message ran
+	require.True(t, p.exitedWith(err, false), "a poison crash while draining on SIGTERM is still a poison crash")
+	require.Len(t, p.crashes, 3)
 	require.Len(t, p.unexpected, 3)
 
 	other := &proc{name: "quickstart", logDir: t.TempDir()}

@@ -143,18 +143,18 @@ func (p *proc) exitedWith(err error, ending bool) (asked bool) {
 	p.running = false
 	killed, stopping := p.killing, p.stopping
 	p.killing = false
-	switch {
-	case killed:
+	if killed {
 		return true
-	case stopping || ending:
+	}
+	if id, ok := p.poisonCrash(err); ok { // while running, or while draining on SIGTERM
+		p.crashes = append(p.crashes, id)
+		return true
+	}
+	if stopping || ending {
 		if err != nil && !ending {
 			p.unexpected = append(p.unexpected, fmt.Sprintf("%s (incarnation %d) did not stop cleanly on SIGTERM: %v; log %s",
 				p.name, p.incarnation, err, p.logPath()))
 		}
-		return true
-	}
-	if id, ok := p.poisonCrash(err); ok {
-		p.crashes = append(p.crashes, id)
 		return true
 	}
 	p.unexpected = append(p.unexpected, fmt.Sprintf("%s (incarnation %d) exited by itself: %v; log %s",

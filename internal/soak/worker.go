@@ -47,9 +47,10 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "soak worker: unexpected arguments %q\n", fs.Args())
 		return exitNotRun
 	}
-	if err := soakworker.Run(ctx, cfg); err != nil {
+	err := soakworker.Run(ctx, cfg)
+	if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
 		fmt.Fprintln(stderr, "soak worker:", err)
 		return exitFail
 	}
-	return exitPass
+	return exitPass // run to its end, or asked to stop (SIGTERM) before it was up
 }
