@@ -49,6 +49,7 @@ func (h *harness) check(ctx context.Context, rep *report, p plan, faulty []deadL
 	h.checkQueues(ctx, rep)
 	h.checkFaults(rep)
 	h.checkCrashes(rep, faulty)
+	h.checkHangs(ctx, rep, faulty)
 }
 
 func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleReport, p plan, ex example, faulty []deadLetter) error {

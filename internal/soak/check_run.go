@@ -166,3 +166,32 @@ func (h *harness) checkCrashes(rep *report, faulty []deadLetter) {
 	rep.check("faults", fmt.Sprintf("every poison message killed its worker, at most %d times (1 + MaxCrashes)", 1+livenessMaxCrashes),
 		len(bad) == 0 && len(seen) > 0, summarize(bad, "worker deaths per poison message: "+cmp.Or(strings.Join(seen, ", "), "no poison message")))
 }
+
+// checkHangs checks that every hung message was dead-lettered after its
+// attempts: retried once its handler timed out, until MaxAttempts.
+func (h *harness) checkHangs(ctx context.Context, rep *report, faulty []deadLetter) {
+	if !h.cfg.has(faultHang) {
+		return
+	}
+	var ids []string
+	for _, d := range faulty {
+		if d.reason == deadletters.ReasonHandlerTimeout {
+			ids = append(ids, d.id)
+		}
+	}
+	attempts, err := h.db.deadLetterAttempts(ctx, liveness, ids)
+	if err != nil {
+		rep.fail("faults", "read the hung messages' dead letters", err.Error())
+		return
+	}
+	var bad []string
+	for _, id := range ids {
+		for _, n := range attempts[id] {
+			if n != livenessMaxAttempts {
+				bad = append(bad, fmt.Sprintf("%s: dead-lettered after %d attempts", shortID(id), n))
+			}
+		}
+	}
+	rep.check("faults", fmt.Sprintf("every hung message dead-lettered after its %d attempts (MaxAttempts)", livenessMaxAttempts),
+		len(bad) == 0 && len(ids) > 0, summarize(bad, fmt.Sprintf("%d hung messages", len(ids))))
+}

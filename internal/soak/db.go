@@ -224,3 +224,20 @@ func (db *monitor) applied(ctx context.Context) (map[string][]string, error) {
 	})
 	return out, err
 }
+
+// deadLetterAttempts returns the attempts recorded in the dead_letters rows
+// of ex for the messages of ids, a list per message (one per row).
+func (db *monitor) deadLetterAttempts(ctx context.Context, ex example, ids []string) (map[string][]int, error) {
+	rows, err := db.pool.Query(ctx, `SELECT message_id, attempts FROM `+db.t(ex, "dead_letters")+
+		` WHERE consumer = $1 AND message_id = ANY($2)`, consumerNames[ex], ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the %s dead letters: %w", ex, err)
+	}
+	out := map[string][]int{}
+	var (
+		id string
+		n  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = append(out[id], n); return nil })
+	return out, err
+}
