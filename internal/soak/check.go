@@ -13,10 +13,15 @@ import (
 )
 
 // check compares what the examples' tables, queues and fakes hold with what
-// was published, and records every check in rep.
-func (h *harness) check(ctx context.Context, rep *report, p plan) {
+// was published, and records every check in rep. faulty are the dead letters
+// the hung and poison messages the injector published must have become.
+func (h *harness) check(ctx context.Context, rep *report, p plan, faulty []deadLetter) {
 	for _, ex := range h.cfg.examples {
 		er := exampleReport{Example: ex.String()}
+		if ex == liveness {
+			er.Faulty = len(faulty)
+			er.Published = len(faulty)
+		}
 		for _, m := range p.msgs {
 			if m.ex != ex {
 				continue
@@ -33,7 +38,7 @@ func (h *harness) check(ctx context.Context, rep *report, p plan) {
 				er.Malformed++
 			}
 		}
-		if err := h.checkExample(ctx, rep, &er, p, ex); err != nil {
+		if err := h.checkExample(ctx, rep, &er, p, ex, faulty); err != nil {
 			rep.fail(ex.String(), "read the results", err.Error())
 		}
 		rep.Examples = append(rep.Examples, er)
@@ -43,9 +48,11 @@ func (h *harness) check(ctx context.Context, rep *report, p plan) {
 	}
 	h.checkQueues(ctx, rep)
 	h.checkFaults(rep)
+	h.checkCrashes(rep, faulty)
+	h.checkHangs(ctx, rep, faulty)
 }
 
-func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleReport, p plan, ex example) error {
+func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleReport, p plan, ex example, faulty []deadLetter) error {
 	inbox, err := h.db.inbox(ctx, ex)
 	if err != nil {
 		return err
@@ -61,7 +68,12 @@ func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleRepo
 		len(e.problems) == 0, summarize(e.problems, fmt.Sprintf("%d inbox rows", len(inbox))))
 	switch ex {
 	case quickstart:
-		err = h.checkBalances(ctx, rep, er, p, e)
+		err = h.checkBalances(ctx, rep, er, p, e, ex)
+	case liveness:
+		if err = h.checkBalances(ctx, rep, er, p, e, ex); err == nil {
+			err = h.checkApplied(ctx, rep, e)
+		}
+		e.dead = append(e.dead, faulty...)
 	case payments:
 		err = h.checkPayments(ctx, rep, er, p, e)
 	case orders:
@@ -73,8 +85,10 @@ func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleRepo
 	return h.checkDeadLetters(ctx, rep, er, ex, e.dead)
 }
 
-func (h *harness) checkBalances(ctx context.Context, rep *report, er *exampleReport, p plan, e expectation) error {
-	rows, err := h.db.pool.Query(ctx, `SELECT account, balance FROM `+h.db.table(quickstart, "balances"))
+// checkBalances checks the balances of a deposit workload (quickstart,
+// liveness).
+func (h *harness) checkBalances(ctx context.Context, rep *report, er *exampleReport, p plan, e expectation, ex example) error {
+	rows, err := h.db.pool.Query(ctx, `SELECT account, balance FROM `+h.db.table(ex, "balances"))
 	if err != nil {
 		return err
 	}
@@ -94,8 +108,36 @@ func (h *harness) checkBalances(ctx context.Context, rep *report, er *exampleRep
 		}
 	}
 	er.Effects = len(e.effective)
-	rep.check("quickstart", "every balance is the sum of its distinct deposits", len(bad) == 0,
+	rep.check(ex.String(), "every balance is the sum of its distinct deposits", len(bad) == 0,
 		summarize(bad, fmt.Sprintf("%d accounts, %d deposits applied", len(want), len(e.effective))))
+	return nil
+}
+
+// checkApplied checks the liveness worker's applied log: one row per
+// processed message, none for any other, whichever process applied it; and
+// records how many each process applied.
+func (h *harness) checkApplied(ctx context.Context, rep *report, e expectation) error {
+	applied, err := h.db.applied(ctx)
+	if err != nil {
+		return err
+	}
+	var bad []string
+	rep.AppliedBy = map[string]int{}
+	for _, id := range sortedKeys(applied, e.effective) {
+		workers := applied[id]
+		for _, w := range workers {
+			rep.AppliedBy[w]++
+		}
+		_, effective := e.effective[id]
+		switch {
+		case !effective && len(workers) > 0:
+			bad = append(bad, fmt.Sprintf("%s: applied by %v, and must not have been", id, workers))
+		case effective && len(workers) != 1:
+			bad = append(bad, fmt.Sprintf("%s: applied %d times (by %v)", id, len(workers), workers))
+		}
+	}
+	rep.check("liveness", "every processed message applied exactly once, whichever process ran it (applied log)", len(bad) == 0,
+		summarize(bad, fmt.Sprintf("%d applied; by process: %s", len(e.effective), describe(rep.AppliedBy))))
 	return nil
 }
 

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/deadletters"
 )
 
 // gatewayStats is the payments gateway's GET /stats.
@@ -98,6 +101,9 @@ func (h *harness) checkFaults(rep *report) {
 		}
 		rep.check("faults", fmt.Sprintf("fault %s injected at least once", f), n > 0, fmt.Sprintf("%d times", n))
 	}
+	if h.cfg.has(faultCompete) {
+		h.checkCompete(rep)
+	}
 	var stuck []string
 	for _, inj := range rep.Injections {
 		if inj.Skipped == "" && inj.Recovery == 0 && !inj.Unmeasured {
@@ -105,4 +111,87 @@ func (h *harness) checkFaults(rep *report) {
 		}
 	}
 	rep.check("faults", "the workers recovered from every fault", len(stuck) == 0, summarize(stuck, ""))
+}
+
+// checkCompete checks that every process the compete fault added applied
+// messages: three processes really competed for the queue.
+func (h *harness) checkCompete(rep *report) {
+	var idle, busy []string
+	for _, inj := range rep.Injections {
+		for _, p := range inj.Processes {
+			if n := rep.AppliedBy[p]; n > 0 {
+				busy = append(busy, fmt.Sprintf("%s %d", p, n))
+			} else {
+				idle = append(idle, p+" applied nothing")
+			}
+		}
+	}
+	rep.check("faults", "every competing liveness process applied messages", len(idle) == 0 && len(busy) > 0,
+		summarize(idle, fmt.Sprintf("%s; liveness %d", cmp.Or(strings.Join(busy, ", "), "no competing process"), rep.AppliedBy[liveness.String()])))
+}
+
+// livenessMaxCrashes is the liveness worker's consumer.Config.MaxCrashes
+// (the default, which the worker does not set): a poison message runs at
+// most once in a batch and MaxCrashes times alone before idem dead-letters
+// it without running it again.
+const livenessMaxCrashes = 3
+
+// checkCrashes checks that every poison message killed its worker, and at
+// most 1 + livenessMaxCrashes times: a supervisor restarts a worker a
+// bounded number of times per poison message.
+func (h *harness) checkCrashes(rep *report, faulty []deadLetter) {
+	if !h.cfg.has(faultCrash) {
+		return
+	}
+	deaths := map[string]int{}
+	for _, id := range h.sup.crashes() {
+		deaths[id]++
+	}
+	var bad, seen []string
+	for _, d := range faulty {
+		if d.reason != deadletters.ReasonWorkerCrashed {
+			continue
+		}
+		n := deaths[d.id]
+		seen = append(seen, fmt.Sprint(n))
+		if n < 1 || n > 1+livenessMaxCrashes {
+			bad = append(bad, fmt.Sprintf("%s: %d worker deaths", shortID(d.id), n))
+		}
+		delete(deaths, d.id)
+	}
+	for id, n := range deaths {
+		bad = append(bad, fmt.Sprintf("%s: %d worker deaths, and no crash fault published it", id, n))
+	}
+	rep.Crashes = len(h.sup.crashes())
+	rep.check("faults", fmt.Sprintf("every poison message killed its worker, at most %d times (1 + MaxCrashes)", 1+livenessMaxCrashes),
+		len(bad) == 0 && len(seen) > 0, summarize(bad, "worker deaths per poison message: "+cmp.Or(strings.Join(seen, ", "), "no poison message")))
+}
+
+// checkHangs checks that every hung message was dead-lettered after its
+// attempts: retried once its handler timed out, until MaxAttempts.
+func (h *harness) checkHangs(ctx context.Context, rep *report, faulty []deadLetter) {
+	if !h.cfg.has(faultHang) {
+		return
+	}
+	var ids []string
+	for _, d := range faulty {
+		if d.reason == deadletters.ReasonHandlerTimeout {
+			ids = append(ids, d.id)
+		}
+	}
+	attempts, err := h.db.deadLetterAttempts(ctx, liveness, ids)
+	if err != nil {
+		rep.fail("faults", "read the hung messages' dead letters", err.Error())
+		return
+	}
+	var bad []string
+	for _, id := range ids {
+		for _, n := range attempts[id] {
+			if n != livenessMaxAttempts {
+				bad = append(bad, fmt.Sprintf("%s: dead-lettered after %d attempts", shortID(id), n))
+			}
+		}
+	}
+	rep.check("faults", fmt.Sprintf("every hung message dead-lettered after its %d attempts (MaxAttempts)", livenessMaxAttempts),
+		len(bad) == 0 && len(ids) > 0, summarize(bad, fmt.Sprintf("%d hung messages", len(ids))))
 }

@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/soak/soakworker"
 )
 
 // consumerNames are the inbox scopes of the examples' consumers.
-var consumerNames = [...]string{quickstart: "quickstart", payments: "payments", orders: "orders-overview"}
+var consumerNames = [...]string{quickstart: "quickstart", payments: "payments", orders: "orders-overview", liveness: soakworker.ConsumerName}
 
 // monitor is the soak's own view of the examples' tables. Its sessions carry
 // an application_name of their own, so the backends fault spares them.
@@ -192,4 +193,51 @@ func (db *monitor) effects(ctx context.Context, ex example) (map[string]effect, 
 		return nil
 	})
 	return out, dups, err
+}
+
+// deadLettered returns, for the messages of ids that have a dead_letters
+// row in ex, the reason of one of their rows.
+func (db *monitor) deadLettered(ctx context.Context, ex example, ids []string) (map[string]string, error) {
+	rows, err := db.pool.Query(ctx, `SELECT DISTINCT ON (message_id) message_id, reason FROM `+db.t(ex, "dead_letters")+
+		` WHERE consumer = $1 AND message_id = ANY($2)`, consumerNames[ex], ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the %s dead letters: %w", ex, err)
+	}
+	out := map[string]string{}
+	var id, reason string
+	_, err = pgx.ForEachRow(rows, []any{&id, &reason}, func() error { out[id] = reason; return nil })
+	return out, err
+}
+
+// applied returns the liveness worker's applied log: per message id, the
+// tags of the processes that applied it (one, unless it was applied twice).
+func (db *monitor) applied(ctx context.Context) (map[string][]string, error) {
+	rows, err := db.pool.Query(ctx, `SELECT message_id, worker FROM `+db.table(liveness, "applied"))
+	if err != nil {
+		return nil, fmt.Errorf("read the liveness applied log: %w", err)
+	}
+	out := map[string][]string{}
+	var id, worker string
+	_, err = pgx.ForEachRow(rows, []any{&id, &worker}, func() error {
+		out[id] = append(out[id], worker)
+		return nil
+	})
+	return out, err
+}
+
+// deadLetterAttempts returns the attempts recorded in the dead_letters rows
+// of ex for the messages of ids, a list per message (one per row).
+func (db *monitor) deadLetterAttempts(ctx context.Context, ex example, ids []string) (map[string][]int, error) {
+	rows, err := db.pool.Query(ctx, `SELECT message_id, attempts FROM `+db.t(ex, "dead_letters")+
+		` WHERE consumer = $1 AND message_id = ANY($2)`, consumerNames[ex], ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the %s dead letters: %w", ex, err)
+	}
+	out := map[string][]int{}
+	var (
+		id string
+		n  int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = append(out[id], n); return nil })
+	return out, err
 }

@@ -30,18 +30,25 @@ func (h *harness) checkDeadLetters(ctx context.Context, rep *report, er *example
 			wantRows[i].id = "sha256:" + hex.EncodeToString(d.hash[:])
 		}
 	}
-	rep.check(ex.String(), "every conflict and malformed message in the dead_letters table with its reason",
+	what := "every conflict and malformed message, and no valid one,"
+	if ex == liveness {
+		what = "every conflict, malformed, hung (handler_timeout) and poison (worker_crashed) message, and no valid one,"
+	}
+	rep.check(ex.String(), what+" in the dead_letters table with its reason",
 		matchDeadLetters(wantRows, table) == nil, summarize(matchDeadLetters(wantRows, table), fmt.Sprintf("%d expected, %d rows", len(want), len(table))))
 	if ex == orders {
 		return nil // a stream consumer has no dead-letter queue
 	}
-	queued, err := h.readDLQ(h.queue(ex) + ".dlq")
+	dlq := h.queue(ex) + ".dlq"
+	queued, limited, err := h.readDLQ(dlq)
 	if err != nil {
 		return err
 	}
 	er.DeadLetterQueue = len(queued)
-	rep.check(ex.String(), "every conflict and malformed message in "+h.queue(ex)+".dlq with its x-idem-reason",
+	rep.check(ex.String(), what+" in "+dlq+" with its x-idem-reason",
 		matchDeadLetters(want, queued) == nil, summarize(matchDeadLetters(want, queued), fmt.Sprintf("%d expected, %d queued", len(want), len(queued))))
+	rep.check(ex.String(), "idem dead-lettered before the broker's delivery limit: no x-death delivery_limit in "+dlq,
+		len(limited) == 0, summarize(limited, fmt.Sprintf("%d queued, none by the broker", len(queued))))
 	return nil
 }
 
@@ -80,30 +87,45 @@ func matchDeadLetters(want, got []deadLetter) []string {
 }
 
 // readDLQ reads every message of a dead-letter queue without taking it (the
-// channel closes with the deliveries unacknowledged, so they go back).
-func (h *harness) readDLQ(queue string) ([]deadLetter, error) {
+// channel closes with the deliveries unacknowledged, so they go back). It
+// also lists the messages the broker dead-lettered at the queue's delivery
+// limit (an x-death entry with reason delivery_limit).
+func (h *harness) readDLQ(queue string) (out []deadLetter, limited []string, err error) {
 	conn, err := amqp.Dial(h.cfg.amqpURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []deadLetter
 	for {
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", queue, err)
+			return nil, nil, fmt.Errorf("read %s: %w", queue, err)
 		}
 		if !ok {
-			return out, nil
+			return out, limited, nil
 		}
 		reason, _ := d.Headers["x-idem-reason"].(string)
 		if reason == "" {
 			reason = "no x-idem-reason (dead-lettered by the broker?)"
 		}
 		out = append(out, deadLetter{id: d.MessageId, hash: hashOf(d.Body), reason: reason})
+		if deathReason(d.Headers, "delivery_limit") {
+			limited = append(limited, fmt.Sprintf("%q dead-lettered by the broker (delivery_limit)", d.MessageId))
+		}
 	}
+}
+
+// deathReason reports whether the x-death header holds an entry with reason.
+func deathReason(headers amqp.Table, reason string) bool {
+	deaths, _ := headers["x-death"].([]any)
+	for _, d := range deaths {
+		if t, ok := d.(amqp.Table); ok && t["reason"] == reason {
+			return true
+		}
+	}
+	return false
 }

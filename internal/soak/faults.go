@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,16 +27,29 @@ type injection struct {
 	// shows when its worker took up work again.
 	Unmeasured bool   `json:"unmeasured,omitempty"`
 	Skipped    string `json:"skipped,omitempty"`
+	// Outcome is what became of the fault once it played out: where the
+	// hung and poison messages ended, when the competing processes stopped.
+	Outcome string `json:"outcome,omitempty"`
+	// Processes are the compete fault's extra processes (their tags in the
+	// liveness worker's applied log).
+	Processes []string `json:"processes,omitempty"`
 }
 
 // injector runs the fault schedule.
 type injector struct {
-	h      *harness
-	start  time.Time
-	mu     sync.Mutex
-	done   []*injection
-	wg     sync.WaitGroup // recovery watchers
-	failed []string       // faults that could not be injected
+	h     *harness
+	start time.Time
+	mu    sync.Mutex
+	done  []*injection
+	wg    sync.WaitGroup // recovery watchers
+
+	// The liveness faults' state (the run goroutine's).
+	faulty   int // hung and poison messages published
+	crashes  int // crash faults injected
+	competes int // compete faults injected
+	// faultyDead are the hung and poison messages' expected dead letters
+	// (guarded by mu).
+	faultyDead []deadLetter
 }
 
 // run injects the events at their time until they are all done or ctx ends,
@@ -61,6 +75,12 @@ func (in *injector) run(ctx context.Context, events []event) {
 			err = in.backends(ctx, inj)
 		case faultDispatcher:
 			err = in.dispatcher(ctx, inj)
+		case faultHang:
+			err = in.hang(ctx, inj)
+		case faultCrash:
+			err = in.crash(ctx, inj)
+		case faultCompete:
+			err = in.compete(ctx, inj)
 		}
 		if ctx.Err() != nil {
 			return
@@ -86,6 +106,14 @@ func (in *injector) injections() []injection {
 		out[i] = *inj
 	}
 	return out
+}
+
+// faultyDeadLetters returns the dead letters the hung and poison messages
+// published so far must become.
+func (in *injector) faultyDeadLetters() []deadLetter {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return slices.Clone(in.faultyDead)
 }
 
 // kill SIGKILLs the worker of ex; the supervisor starts it again at once.
@@ -204,10 +232,18 @@ func (in *injector) backends(ctx context.Context, inj *injection) error {
 }
 
 // watch measures recovery: the time from t0 until, in every example of exs,
-// a valid message published after t0 has been processed.
-func (in *injector) watch(ctx context.Context, inj *injection, t0 time.Time, exs []example) {
+// a valid message published after t0 has been processed, and every
+// condition of more held (each returns the time since t0 it took).
+func (in *injector) watch(ctx context.Context, inj *injection, t0 time.Time, exs []example, more ...func(context.Context) (time.Duration, bool)) {
 	in.wg.Go(func() {
 		var worst time.Duration
+		for _, cond := range more {
+			d, ok := cond(ctx)
+			if !ok {
+				return
+			}
+			worst = max(worst, d)
+		}
 		for _, ex := range exs {
 			id, ok := in.h.pub.probeAfter(ctx, ex, t0)
 			if !ok {

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,6 +36,8 @@ type harness struct {
 	bins       map[example]string
 	sup        *supervisor
 	workers    map[example]*proc
+	extrasMu   sync.Mutex
+	extras     []*proc // the compete fault's liveness processes, running or stopped
 	gateway    *proc
 	mail       *proc
 	gatewayURL string
@@ -67,12 +70,16 @@ func (h *harness) appNames() []string {
 	return out
 }
 
+// workerList returns the examples' workers and the compete fault's extra
+// liveness processes.
 func (h *harness) workerList() []*proc {
 	var out []*proc
 	for _, ex := range h.cfg.examples {
 		out = append(out, h.workers[ex])
 	}
-	return out
+	h.extrasMu.Lock()
+	defer h.extrasMu.Unlock()
+	return append(out, h.extras...)
 }
 
 // queueExamples are the examples that consume a queue (not the stream).
@@ -171,9 +178,9 @@ func soak(ctx context.Context, cfg config) (*report, error) {
 	if settleErr != nil {
 		rep.fail("settle", "everything settled within -duration-cap", settleErr.Error())
 	}
-	h.check(ctx, rep, p)
+	h.check(ctx, rep, p, in.faultyDeadLetters())
 	for _, u := range h.sup.unexpected() {
-		rep.fail("processes", "no process exited unless the soak killed it", u)
+		rep.fail("processes", "no process exited unless the soak killed or stopped it, or a poison message crashed it", u)
 	}
 	rep.finish(cfg)
 	return rep, nil

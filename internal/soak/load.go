@@ -6,20 +6,47 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/idemkit/idem/internal/soak/soakworker"
 )
 
-// example is one of the examples the soak drives.
+// hotAccounts is how many accounts the liveness workload deposits to: few
+// enough that parallel batches and competing processes meet on them.
+const hotAccounts = 20
+
+// example is one of the workloads the soak drives: an example's worker, or
+// the soak's own liveness worker.
 type example int
 
 const (
 	quickstart example = iota
 	payments
 	orders
+	// liveness is the soak's own worker (package soakworker): deposits on hot
+	// accounts without an ordering key, and the target of the hang, crash
+	// and compete faults.
+	liveness
 )
 
-var exampleNames = [...]string{quickstart: "quickstart", payments: "payments", orders: "orders"}
+var exampleNames = [...]string{quickstart: "quickstart", payments: "payments", orders: "orders", liveness: "liveness"}
 
 func (e example) String() string { return exampleNames[e] }
+
+// pkg is the package of the example's binary.
+func (e example) pkg() string {
+	if e == liveness {
+		return "./internal/soak"
+	}
+	return "./examples/" + e.String()
+}
+
+// bin is the name of the example's binary.
+func (e example) bin() string {
+	if e == liveness {
+		return "soak"
+	}
+	return e.String()
+}
 
 func exampleByName(name string) (example, bool) {
 	for i, n := range exampleNames {
@@ -166,6 +193,10 @@ func (g *generator) generate(n int) []message {
 			if g.ex == payments && g.r.IntN(2) == 0 {
 				c.kind, c.id = kindRetry, c.id+"-retry"
 			}
+			if g.ex == liveness {
+				g.emit(c) // adjacent: the two copies race in parallel batches and processes
+				break
+			}
 			g.delay(c)
 		}
 		if g.r.Float64() < g.cfg.malformed {
@@ -210,6 +241,10 @@ func (g *generator) valid(i int) message {
 		account := fmt.Sprintf("A%d", g.r.IntN(20)+1)
 		return message{kind: kindValid, id: fmt.Sprintf("%s-dep-%d", g.run, i), key: account,
 			body: fmt.Appendf(nil, `{"account":%q,"amount":%d}`, account, g.r.IntN(100)+1)}
+	case liveness:
+		account := fmt.Sprintf("L%d", g.r.IntN(hotAccounts)+1)
+		return message{kind: kindValid, id: fmt.Sprintf("%s-liv-%d", g.run, i), key: account,
+			body: soakworker.Body(account, int64(g.r.IntN(100)+1), "")}
 	case payments:
 		cr := fmt.Sprintf("%s-cr-%d", g.run, i)
 		return message{kind: kindValid, id: fmt.Sprintf("%s-pay-%d", g.run, i), corr: fmt.Sprintf("%s-corr-%d", g.run, i), key: cr,
@@ -252,7 +287,7 @@ func (g *generator) conflicting(m message) message {
 	c := m
 	c.kind, c.probe = kindConflict, false
 	switch g.ex {
-	case quickstart:
+	case quickstart, liveness:
 		var d struct {
 			Account string `json:"account"`
 			Amount  int64  `json:"amount"`
@@ -288,7 +323,7 @@ func (g *generator) malformedMessage(i int) message {
 	id := fmt.Sprintf("%s-bad-%s-%d", g.run, g.ex, i)
 	m := message{kind: kindMalformed, id: id}
 	switch g.ex {
-	case quickstart:
+	case quickstart, liveness:
 		switch g.r.IntN(3) {
 		case 0:
 			m.body, m.reason = fmt.Appendf(nil, `{"account":"A1","soak":%q,"amount":`, id), "decode_error"

@@ -5,13 +5,33 @@
 // messages at a steady rate, and meanwhile SIGKILLs workers, closes their
 // broker connections, terminates their PostgreSQL sessions, kills the
 // payments dispatcher with calls in flight and lets the gateway fail, stall
-// and drop answers after charging. When everything has settled it checks that
-// every valid message took effect exactly once and every bad one is in the
-// dead letters with its reason, prints a table and exits non-zero on FAIL.
+// and drop answers after charging.
+//
+// Beside the examples it runs a worker of its own, liveness (`soak worker`,
+// package soakworker): deposits on 20 hot accounts without an ordering key,
+// with adjacent duplicates, whose handler honours fault markers in the
+// payload. The examples stay free of fault hooks; on this workload the soak
+// injects the faults that need a misbehaving handler or more processes:
+//
+//   - hang: two messages whose handlers hang, one in a statement (it
+//     honours its context), one in Go code that ignores it. Each is retried
+//     and dead-lettered with reason handler_timeout, while the worker goes on.
+//   - crash: a message that kills its worker process (os.Exit, or a panic in
+//     a goroutine); the soak's supervisor starts the worker again, and idem
+//     dead-letters the message as worker_crashed before the broker's delivery
+//     limit, and nothing else.
+//   - compete: two more processes of the worker, three with one consumer
+//     Name on one queue, for 15s.
+//
+// When everything has settled it checks that every valid message took effect
+// exactly once and every bad one is in the dead letters with its reason (and
+// no healthy one, nor any the broker dead-lettered at its delivery limit),
+// prints a table and exits non-zero on FAIL.
 //
 //	go run ./internal/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
-//	                       [-faults kill,connections,backends,dispatcher,gateway] [-fault-every 4s]
-//	                       [-duration-cap 2m] [-examples quickstart,payments,orders] [-seed N] [-json FILE]
+//	                       [-faults kill,connections,backends,dispatcher,gateway,hang,crash,compete] [-fault-every 4s]
+//	                       [-duration-cap 2m] [-examples quickstart,payments,orders,liveness] [-seed N] [-json FILE]
+//	go run ./internal/soak worker [-queue Q] [-schema S] [-tag T] [-handler-timeout 2s] [-max-attempts 2]
 //
 // Every run uses its own schemas, queues and stream (named after a random run
 // id) and removes them at the end (-keep leaves them, and the worker logs,
@@ -64,7 +84,7 @@ type config struct {
 }
 
 // allFaults are the faults -faults can enable.
-var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway}
+var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -75,6 +95,9 @@ func main() {
 
 // run parses args, runs the soak and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "worker" {
+		return runWorker(ctx, args[1:], stderr)
+	}
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitPass
@@ -113,13 +136,13 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	fs.IntVar(&cfg.n, "n", 2000, "valid messages, split evenly between the examples")
 	fs.Float64Var(&cfg.rate, "rate", 60, "messages published per second, copies and bad messages included")
-	fs.Float64Var(&cfg.dup, "dup", 0.2, "share of valid messages published again (payments: half of them as producer retries under a new id)")
+	fs.Float64Var(&cfg.dup, "dup", 0.2, "share of valid messages published again (payments: half of them as producer retries under a new id; liveness: right after the original)")
 	fs.Float64Var(&cfg.conflict, "conflict", 0.01, "share of valid messages whose id is published again with another payload")
 	fs.Float64Var(&cfg.malformed, "malformed", 0.01, "share of additional messages that can never be processed (bad JSON, missing fields, no message id)")
 	faults := fs.String("faults", strings.Join(allFaults, ","), "faults to inject (any of "+strings.Join(allFaults, ",")+"), or none")
 	fs.DurationVar(&cfg.faultEvery, "fault-every", 4*time.Second, "mean time between two faults")
 	fs.DurationVar(&cfg.durationCap, "duration-cap", 2*time.Minute, "publishing and settling must end within this (the build is not counted)")
-	examples := fs.String("examples", "quickstart,payments,orders", "examples to drive")
+	examples := fs.String("examples", "quickstart,payments,orders,liveness", "workloads to drive: the examples, and the soak's own liveness worker")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seed of the load and the fault schedule (0: random, printed)")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the report as JSON to this file")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the schemas, queues, stream and worker logs")
@@ -134,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	for _, name := range splitList(*examples) {
 		ex, ok := exampleByName(name)
 		if !ok {
-			return cfg, fmt.Errorf("-examples: unknown example %q (want quickstart, payments, orders)", name)
+			return cfg, fmt.Errorf("-examples: unknown example %q (want quickstart, payments, orders, liveness)", name)
 		}
 		if !slices.Contains(cfg.examples, ex) {
 			cfg.examples = append(cfg.examples, ex)
@@ -170,6 +193,9 @@ func (c *config) validate() error {
 	}
 	if (c.has(faultDispatcher) || c.has(faultGateway)) && !c.runs(payments) {
 		return errors.New("-faults dispatcher and gateway need the payments example")
+	}
+	if (c.has(faultHang) || c.has(faultCrash) || c.has(faultCompete)) && !c.runs(liveness) {
+		return errors.New("-faults hang, crash and compete need the liveness workload")
 	}
 	return nil
 }

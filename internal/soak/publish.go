@@ -240,3 +240,33 @@ func (pub *publisher) finished() time.Time {
 	defer pub.mu.Unlock()
 	return pub.last
 }
+
+// publishOne publishes one persistent message to queue and waits for the
+// broker's confirm (the fault injector's messages, outside the plan).
+func (h *harness) publishOne(ctx context.Context, queue, id string, body []byte) error {
+	conn, err := amqp.DialConfig(h.cfg.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-soak-injector"}})
+	if err != nil {
+		return fmt.Errorf("injector: connect to rabbitmq: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("injector: channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("injector: confirm mode: %w", err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
+		MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: body})
+	if err != nil {
+		return fmt.Errorf("injector: publish %s: %w", id, err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("injector: confirm %s: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("injector: the broker refused %s", id)
+	}
+	return nil
+}

@@ -25,7 +25,11 @@ type report struct {
 	Faults          []faultSummary  `json:"faults"`
 	Gateway         *gatewayStats   `json:"gateway,omitempty"`
 	RetriedCaptures []time.Duration `json:"-"`
-	Checks          []checkResult   `json:"checks"`
+	// AppliedBy counts the liveness messages each of its processes applied.
+	AppliedBy map[string]int `json:"liveness_applied_by,omitempty"`
+	// Crashes counts the worker deaths poison messages caused.
+	Crashes int           `json:"poison_crashes"`
+	Checks  []checkResult `json:"checks"`
 
 	Messages    int           `json:"messages"`
 	PublishTook time.Duration `json:"publish_ns"`
@@ -44,6 +48,7 @@ type exampleReport struct {
 	Duplicates      int    `json:"duplicates"`
 	Conflicts       int    `json:"conflicts"`
 	Malformed       int    `json:"malformed"`
+	Faulty          int    `json:"hung_and_poison"` // liveness: published by the hang and crash faults
 	Effects         int    `json:"effects"`
 	DeadLetters     int    `json:"dead_letters_expected"`
 	DeadLetterRows  int    `json:"dead_letter_rows"`
@@ -93,6 +98,9 @@ func (r *report) finish(cfg config) {
 		faultConnections: "connections closed → a message published after it processed, in every example",
 		faultBackends:    "sessions terminated → a message published after it processed, in every example",
 		faultDispatcher:  "SIGKILL with calls in flight → all those captures succeeded (lease " + dispatcherLease.String() + ")",
+		faultHang:        "hung handlers published → a message published after them processed",
+		faultCrash:       "poison published → it was dead-lettered and a message published after it processed",
+		faultCompete:     "two more processes started → a message published after it processed",
 	}
 	for _, f := range cfg.faults {
 		if f == faultGateway {
@@ -163,6 +171,9 @@ func (r *report) print(w io.Writer) {
 	row("duplicates published (suppressed)", func(e exampleReport) int { return e.Duplicates })
 	row("conflicting payloads", func(e exampleReport) int { return e.Conflicts })
 	row("malformed", func(e exampleReport) int { return e.Malformed })
+	if slices.ContainsFunc(r.Examples, func(e exampleReport) bool { return e.Faulty > 0 }) {
+		row("hung and poison (hang, crash faults)", func(e exampleReport) int { return e.Faulty })
+	}
 	row("effects applied (deposits, payments, events)", func(e exampleReport) int { return e.Effects })
 	row("dead letters expected", func(e exampleReport) int { return e.DeadLetters })
 	row("dead_letters rows", func(e exampleReport) int { return e.DeadLetterRows })
@@ -190,7 +201,13 @@ func (r *report) print(w io.Writer) {
 		case inj.Recovery == 0:
 			state = "NOT RECOVERED"
 		}
+		if inj.Outcome != "" {
+			state += "; " + inj.Outcome
+		}
 		fmt.Fprintf(w, "- %7s  %-11s %-10s %s — %s\n", dur(inj.At), inj.Fault, inj.Target, inj.Detail, state)
+	}
+	if r.Crashes > 0 {
+		fmt.Fprintf(w, "\npoison messages killed a liveness worker %d times; the supervisor started it again each time\n", r.Crashes)
 	}
 	if r.Gateway != nil {
 		g := r.Gateway

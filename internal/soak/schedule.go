@@ -20,7 +20,22 @@ const (
 	// faultGateway makes the fake gateway fail, stall and charge-then-drop
 	// a share of the capture requests, for the whole run.
 	faultGateway = "gateway"
+	// faultHang publishes two liveness messages whose handlers hang: one in
+	// a statement (it honours its context), one in Go code that ignores
+	// its context.
+	faultHang = "hang"
+	// faultCrash publishes a liveness message that kills its worker
+	// process (os.Exit, or a panic in a goroutine, in turn); the
+	// supervisor starts the worker again each time.
+	faultCrash = "crash"
+	// faultCompete runs two more liveness worker processes, three in all
+	// with one consumer Name on one queue, for competeFor.
+	faultCompete = "compete"
 )
+
+// competeFor is how long the compete fault's extra processes run. Compete
+// events are at least this far apart, so that three processes run at most.
+const competeFor = 15 * time.Second
 
 // dispatcherLease is the lease of a claimed ledger effect in the examples'
 // workers (ledger.DispatcherConfig.Lease's default, which the workers do not
@@ -42,8 +57,9 @@ type event struct {
 // Faults that can leave a claimed effect behind for a whole lease (the
 // dispatcher fault, a kill of a worker that dispatches) come only in the
 // first half and early enough for the lease to end well before
-// cfg.durationCap: later ones are replaced (kills hit quickstart, which
-// dispatches nothing).
+// cfg.durationCap: later ones are replaced (kills hit quickstart or
+// liveness, which dispatch nothing). A compete event within competeFor of
+// the previous one is replaced too.
 func schedule(cfg config, window time.Duration) []event {
 	r := rand.New(rand.NewPCG(cfg.seed, 0x6661756c74))
 	var active []string
@@ -77,11 +93,22 @@ func schedule(cfg config, window time.Duration) []event {
 		}
 		out = append(out, event{at: at, fault: active[r.IntN(len(active))]})
 	}
+	competing := time.Duration(-1) // start of the last compete event (out is in time order)
 	for i := range out {
 		e := &out[i]
 		late := e.at > stranding
-		if e.fault == faultDispatcher && late {
-			e.fault = pickOther(r, active, faultDispatcher)
+		var not []string
+		if late {
+			not = append(not, faultDispatcher)
+		}
+		if competing >= 0 && e.at-competing < competeFor {
+			not = append(not, faultCompete)
+		}
+		if slices.Contains(not, e.fault) {
+			e.fault = pickOther(r, active, not...)
+		}
+		if e.fault == faultCompete {
+			competing = e.at
 		}
 		if e.fault == faultKill {
 			e.target = killTarget(r, cfg.examples, late)
@@ -90,11 +117,12 @@ func schedule(cfg config, window time.Duration) []event {
 	return slices.DeleteFunc(out, func(e event) bool { return e.fault == "" || e.target < 0 })
 }
 
-// pickOther picks a fault from active other than not, or "" if none.
-func pickOther(r *rand.Rand, active []string, not string) string {
+// pickOther picks a fault from active other than those in not, or "" if
+// none.
+func pickOther(r *rand.Rand, active []string, not ...string) string {
 	var others []string
 	for _, f := range active {
-		if f != not {
+		if !slices.Contains(not, f) {
 			others = append(others, f)
 		}
 	}
@@ -105,13 +133,14 @@ func pickOther(r *rand.Rand, active []string, not string) string {
 }
 
 // killTarget picks the worker to kill; late in the run only one that runs
-// no dispatcher (quickstart), or -1 if there is none.
+// no dispatcher (quickstart, liveness), or -1 if there is none.
 func killTarget(r *rand.Rand, examples []example, late bool) example {
 	if !late {
 		return examples[r.IntN(len(examples))]
 	}
-	if slices.Contains(examples, quickstart) {
-		return quickstart
+	safe := slices.DeleteFunc(slices.Clone(examples), func(ex example) bool { return ex != quickstart && ex != liveness })
+	if len(safe) == 0 {
+		return -1
 	}
-	return -1
+	return safe[r.IntN(len(safe))]
 }

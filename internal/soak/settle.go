@@ -58,8 +58,8 @@ func (h *harness) settle(ctx context.Context) error {
 
 // busy says what is still going on, or "" when nothing is.
 func (h *harness) busy(ctx context.Context, tail int64) (string, error) {
-	for _, p := range h.workerList() {
-		if p.pid() == 0 {
+	for _, ex := range h.cfg.examples {
+		if p := h.workers[ex]; p.pid() == 0 {
 			return p.name + " worker is not running", nil
 		}
 	}

@@ -47,10 +47,34 @@ func TestScheduleInjectsEveryFaultBeforeLeasesCouldOutliveTheCap(t *testing.T) {
 		limit := min(window/2, cfg.durationCap-dispatcherLease-30*time.Second)
 		for _, e := range events {
 			require.Less(t, e.at, window, "seed %d: a fault after publishing", cfg.seed)
-			if e.fault == faultDispatcher || e.fault == faultKill && e.target != quickstart {
+			if e.fault == faultDispatcher || e.fault == faultKill && e.target != quickstart && e.target != liveness {
 				require.LessOrEqual(t, e.at, limit, "seed %d: %s of %s at %s could hold a lease past the cap", cfg.seed, e.fault, e.target, e.at)
 			}
 		}
+	}
+}
+
+func TestScheduleNeverRunsTwoCompetePeriodsAtOnce(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(50) {
+		// Long runs with frequent faults: compete comes up again and again.
+		cfg := testConfig(t, "-fault-every", "2s", "-duration-cap", "5m")
+		cfg.seed = seed + 1
+		window := 4 * time.Minute
+		events := schedule(cfg, window)
+		require.NoError(t, checkSchedule(cfg, window, events), "seed %d", cfg.seed)
+		last, competes := time.Duration(-1), 0
+		for _, e := range events {
+			if e.fault != faultCompete {
+				continue
+			}
+			competes++
+			if last >= 0 {
+				require.GreaterOrEqual(t, e.at-last, competeFor, "seed %d: compete at %s while the one at %s still runs", cfg.seed, e.at, last)
+			}
+			last = e.at
+		}
+		require.Positive(t, competes, "seed %d", cfg.seed)
 	}
 }
 
@@ -93,10 +117,32 @@ func TestPlanSendsEveryCopyAfterItsOriginal(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, map[example]int{quickstart: 1000, payments: 1000, orders: 1000}, valid)
+	require.Equal(t, map[example]int{quickstart: 750, payments: 750, orders: 750, liveness: 750}, valid)
 	for _, k := range []kind{kindDup, kindRetry, kindConflict, kindCaptureConflict, kindMalformed} {
 		require.Positive(t, kinds[k], "kind %d never generated", k)
 	}
+}
+
+func TestLivenessDuplicatesComeRightAfterTheirOriginal(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, "-n", "2000", "-dup", "0.3", "-seed", "5")
+	p := newPlan(cfg, "t")
+	var queue []int // the liveness queue's messages, in publishing order
+	accounts := map[string]bool{}
+	for i, m := range p.msgs {
+		if m.ex != liveness {
+			continue
+		}
+		if m.kind == kindDup {
+			require.NotEmpty(t, queue)
+			require.Equal(t, m.of, queue[len(queue)-1], "a liveness duplicate not next to its original")
+		}
+		if m.kind == kindValid {
+			accounts[m.key] = true
+		}
+		queue = append(queue, i)
+	}
+	require.Len(t, accounts, hotAccounts, "every hot account gets deposits")
 }
 
 func TestExpectationFollowsTheInboxForConflictingCopies(t *testing.T) {

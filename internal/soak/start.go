@@ -51,6 +51,8 @@ func (h *harness) startAll(ctx context.Context) error {
 		p := &proc{name: ex.String(), path: h.bins[ex], restart: true, logDir: h.logDir,
 			env: []string{"IDEM_PG_URL=" + pgURL, "IDEM_AMQP_URL=" + h.cfg.amqpURL}}
 		switch ex {
+		case liveness:
+			p = h.livenessProc(ex.String(), pgURL)
 		case quickstart:
 			p.args = []string{"worker", "-queue", h.queue(ex), "-schema", h.schema(ex)}
 		case payments:
@@ -65,6 +67,14 @@ func (h *harness) startAll(ctx context.Context) error {
 		}
 	}
 	return h.waitReady(ctx)
+}
+
+// livenessProc is a process of the liveness worker (`soak worker`) tagged
+// tag; every process of it has the same consumer Name, queue and schema.
+func (h *harness) livenessProc(tag, pgURL string) *proc {
+	return &proc{name: tag, path: h.bins[liveness], restart: true, poison: true, logDir: h.logDir,
+		env:  []string{"IDEM_PG_URL=" + pgURL, "IDEM_AMQP_URL=" + h.cfg.amqpURL},
+		args: []string{"worker", "-queue", h.queue(liveness), "-schema", h.schema(liveness), "-tag", tag}}
 }
 
 // gatewayFaults are the gateway's fault flags: with the gateway fault, 5%
