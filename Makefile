@@ -21,8 +21,9 @@ test: services vet
 	$(MAKE) soak
 
 # soak: the examples end to end under faults (SIGKILL, closed connections,
-# terminated sessions, a dispatcher killed mid-call, a faulty gateway), then
-# the invariants. Needs rabbitmqctl and ss on this machine, as root.
+# terminated sessions, a dispatcher killed mid-call, a faulty gateway, hung
+# and process-killing handlers, three competing worker processes), then the
+# invariants. Needs rabbitmqctl and ss on this machine, as root.
 soak: services
 	$(GO) run ./internal/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 2m
 
