@@ -182,11 +182,11 @@ func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *pla
 
 // end closes the attempt's spans and, unless it committed, rolls back.
 func (b *batch) end(err error) {
+	ex, _ := errors.AsType[*excludeError](err)
 	for i, span := range b.spans {
 		r := b.results[i]
-		var ex *excludeError
 		switch {
-		case errors.As(err, &ex) && ex.index == i:
+		case ex != nil && ex.index == i:
 			r = ex.result
 		case err != nil:
 			r = Result{Outcome: Unresolved, Err: err}

@@ -49,7 +49,7 @@ type Telemetry struct {
 	// allocation per message.
 	baseRecord  []metric.RecordOption
 	baseAdd     []metric.AddOption
-	processSet  attribute.Set
+	processOpt  []metric.RecordOption
 	consumedOpt []metric.AddOption
 	byOutcome   map[Outcome][]metric.AddOption
 	byDecision  map[string][]metric.AddOption
@@ -74,7 +74,7 @@ func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerP
 	set := attribute.NewSet(t.base...)
 	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(set)}
 	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(set)}
-	t.processSet = attribute.NewSet(append(t.base, semconv.MessagingOperationName("process"))...)
+	t.processOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("process"))...))}
 	t.consumedOpt = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("receive"))...))}
 	t.spanStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	t.byOutcome = map[Outcome][]metric.AddOption{}
@@ -200,7 +200,7 @@ func (t *Telemetry) batch(ctx context.Context, n int) { t.batchSize.Record(ctx, 
 
 // processTime records one handler run (messaging.process.duration).
 func (t *Telemetry) processTime(ctx context.Context, d time.Duration) {
-	t.processDur.Record(ctx, d.Seconds(), metric.WithAttributeSet(t.processSet))
+	t.processDur.Record(ctx, d.Seconds(), t.processOpt...)
 }
 
 func (t *Telemetry) commitTime(ctx context.Context, d time.Duration) {
