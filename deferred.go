@@ -21,6 +21,7 @@ type Flusher interface {
 // and each error reaches the handler that caused it.
 type Deferred struct {
 	mu   sync.Mutex
+	uses int
 	keys []any
 	m    map[any]Flusher
 }
@@ -30,6 +31,7 @@ type Deferred struct {
 func (d *Deferred) Use(key any, create func() Flusher) Flusher {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.uses++
 	if f, ok := d.m[key]; ok {
 		return f
 	}
@@ -42,11 +44,13 @@ func (d *Deferred) Use(key any, create func() Flusher) Flusher {
 	return f
 }
 
-// Empty reports whether no Flusher was used: nothing waits for the flush.
-func (d *Deferred) Empty() bool {
+// Uses counts the calls to Use so far: one per deferred write. The runtime
+// compares it before and after a handler to know whether the handler
+// deferred anything.
+func (d *Deferred) Uses() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return len(d.keys) == 0
+	return d.uses
 }
 
 // Flush runs every Flusher in the order they were first used.

@@ -98,7 +98,7 @@ func (c *Consumer) derive(m *Message, rawID string) *engine.Reject {
 // consumer's handler and turns a panic into a *PanicError.
 func (c *Consumer) runHandler(ctx context.Context, tx pgx.Tx, it *engine.Item) (err error) {
 	m := it.Msg.(*Message)
-	m.Attempt, m.Exchange, m.RoutingKey = it.Attempt, it.Exchange, it.RoutingKey
+	learn(m, it)
 	defer c.recoverPanic(&err, "handler panicked", m.ID)
 	return c.handler(ctx, tx, m)
 }
@@ -108,9 +108,26 @@ func (c *Consumer) runBatchHandler(ctx context.Context, tx pgx.Tx, its []*engine
 	msgs := make([]*Message, len(its))
 	for i, it := range its {
 		msgs[i] = it.Msg.(*Message)
+		learn(msgs[i], it)
 	}
 	defer c.recoverPanic(&err, "batch handler panicked", "")
 	return c.batch(ctx, tx, msgs)
+}
+
+// learn gives m what the engine learnt from the attempts table: its attempt
+// number and original route. It writes only what changed — before any
+// handler saw m — so that a handler abandoned earlier, still reading m, does
+// not race with the run that replaces it.
+func learn(m *Message, it *engine.Item) {
+	if m.Attempt != it.Attempt {
+		m.Attempt = it.Attempt
+	}
+	if m.Exchange != it.Exchange {
+		m.Exchange = it.Exchange
+	}
+	if m.RoutingKey != it.RoutingKey {
+		m.RoutingKey = it.RoutingKey
+	}
 }
 
 func (c *Consumer) recoverPanic(err *error, what, id string) {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,6 +132,7 @@ type batch struct {
 	decisions  []inbox.Result // their claims, indexed like items
 	ended      bool           // a handler ended the transaction past the guard
 	keys       []uint64       // the rows the batch's handlers wrote (see writeKeys)
+	gone       atomic.Bool    // abandoned: its write keys were released for good
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -210,6 +212,12 @@ func (b *batch) end(err error) {
 // a check that the client is still there while a statement runs, so that a
 // dead worker's backend cannot hold inbox locks.
 func (b *batch) begin(ctx context.Context) error {
+	wait := b.p.lockTimeout
+	if b.p.serial {
+		wait = b.e.cfg.HandlerTimeout // queued behind other processes' batches
+	}
+	ctx, cancel := b.bounded(ctx, wait)
+	defer cancel()
 	conn, err := b.e.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return &batchError{err: fmt.Errorf("acquire a connection: %w", err)}
@@ -223,6 +231,14 @@ func (b *batch) begin(ctx context.Context) error {
 	b.tx = tx
 	b.htx = &handlerTx{Tx: tx, b: b}
 	return nil
+}
+
+// bounded bounds one of the runtime's own statements: a lock wait of wait
+// at most, then CommitTimeout more, so that a connection that stopped
+// answering (a half-open socket after a failover) fails the attempt instead
+// of hanging it.
+func (b *batch) bounded(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, wait+b.e.cfg.CommitTimeout)
 }
 
 // checkInterval is client_connection_check_interval inside batches.
@@ -264,8 +280,10 @@ func (e *Engine) serverMajor(conn *pgxpool.Conn) int {
 	if v := e.major.Load(); v != 0 {
 		return int(v)
 	}
-	s := conn.Conn().PgConn().ParameterStatus("server_version")
-	n, _ := strconv.Atoi(strings.FieldsFunc(s, func(r rune) bool { return r < '0' || r > '9' })[0])
+	var n int
+	if f := strings.FieldsFunc(conn.Conn().PgConn().ParameterStatus("server_version"), func(r rune) bool { return r < '0' || r > '9' }); len(f) > 0 {
+		n, _ = strconv.Atoi(f[0])
+	}
 	e.major.Store(int32(max(n, 1)))
 	return n
 }
@@ -304,6 +322,8 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 	if len(runnable) == 0 {
 		return nil, nil
 	}
+	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	defer cancel()
 	if b.o.TrackAttempts {
 		if err := b.e.lookupAttempts(ctx, b.tx, b.scope, b.items, runnable); err != nil {
 			return nil, failed(err)
@@ -364,6 +384,8 @@ func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, o 
 // commit flushes the deferred writes, writes the dead-letter rows, attempt
 // counts and the source's own rows, and commits.
 func (b *batch) commit(ctx context.Context) error {
+	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	defer cancel()
 	if b.deferred != nil {
 		if err := b.deferred.Flush(ctx, b.tx); err != nil {
 			if isContention(err) {

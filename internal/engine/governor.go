@@ -167,3 +167,13 @@ func countDown(n *atomic.Int64) bool {
 		}
 	}
 }
+
+// unprobe ends a probe whose attempt ended without a verdict (a message was
+// excluded from it): the next admission probes again.
+func (g *governor) unprobe(serial bool) {
+	g.mu.Lock()
+	if !serial && g.probing {
+		g.probing = false
+	}
+	g.mu.Unlock()
+}

@@ -21,7 +21,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 	savepoint := false
 	for _, i := range runnable {
 		it, d := b.items[i], decisions[i]
-		if b.stopAt >= 0 {
+		if b.stopAt >= 0 && i > b.stopAt {
 			b.results[i] = Result{Outcome: Deferred}
 			if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
 				b.unclaim = append(b.unclaim, it.ID)
@@ -52,7 +52,10 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 			if savepoint {
 				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
 			}
-			if _, err := b.tx.Exec(ctx, stmt); err != nil {
+			sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+			_, err := b.tx.Exec(sctx, stmt)
+			cancel()
+			if err != nil {
 				return failed(fmt.Errorf("savepoint: %w", err))
 			}
 			savepoint = true
@@ -118,13 +121,19 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 		b.done[i] = true
 		return nil
 	}
-	if isContention(herr) && !b.o.ReadOnly {
-		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), herr), contention: true}
+	if c := b.htx.contention; (c != nil || isContention(herr)) && !b.o.ReadOnly {
+		if c == nil {
+			c = herr
+		}
+		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), c), contention: true}
 	}
 	if !b.p.savepoints {
 		return errNeedSavepoints // the failure cannot be undone alone
 	}
-	if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT idem_message"); err != nil {
+	sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	_, err = b.tx.Exec(sctx, "ROLLBACK TO SAVEPOINT idem_message")
+	cancel()
+	if err != nil {
 		return failed(fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err))
 	}
 	if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
@@ -152,10 +161,7 @@ func (b *batch) runTogether(ctx context.Context, together []int) error {
 	switch {
 	case errors.As(err, &ex):
 		if b.ended {
-			for _, i := range together {
-				b.done[i] = true // the batch handler ran them all
-			}
-			b.repairEndedTx(ctx)
+			b.repairEndedTx(ctx) // nothing of the batch handler can be trusted
 		}
 		return errNeedSavepoints // message by message, to find the culprit
 	case err != nil:
@@ -205,13 +211,15 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	} else {
 		it = &Item{Attempt: 1}
 	}
-	switch status := b.tx.Conn().PgConn().TxStatus(); {
+	conn := b.tx.Conn()
+	status := conn.PgConn().TxStatus()
+	b.ended = !conn.IsClosed() && (status == 'I' || b.replacedTx(ctx, status))
+	switch {
 	case ctx.Err() != nil:
 		return nil, failed(fmt.Errorf("batch cancelled in a handler: %w", context.Cause(ctx)))
 	case timedOut:
 		return nil, exclude(b.e.classify(it, &TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
-	case b.htx.violated.Load() || status == 'I' && !b.tx.Conn().IsClosed():
-		b.ended = status == 'I'
+	case b.htx.violated.Load() || b.ended:
 		b.e.cfg.Logger.Error("handler tried to end the batch transaction: nothing of the batch is acked, the message is dead-lettered",
 			"message_id", shortID(it.ID), "ended", b.ended, "error", herr)
 		return nil, exclude(Result{Outcome: DeadLettered, Reason: deadletters.ReasonHandlerEndedTx,
@@ -224,6 +232,15 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	return herr, nil
 }
 
+// replacedTx reports whether a handler that took the raw connection left
+// another transaction open than the batch's ("COMMIT; BEGIN").
+func (b *batch) replacedTx(ctx context.Context, status byte) bool {
+	if !b.htx.raw || status != 'T' {
+		return false
+	}
+	return currentXID(ctx, b.tx) != b.htx.xid
+}
+
 // repairEndedTx undoes what a handler that ended the batch transaction
 // past the guard (a COMMIT through tx.Conn()) committed before its time: the
 // inbox rows claimed for messages whose handler had not completed — and, if
@@ -234,17 +251,23 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 // handler that ends the runtime's transaction is a bug, and this limits the
 // damage to what it did itself.
 func (b *batch) repairEndedTx(ctx context.Context) {
-	lost := b.deferred != nil && !b.deferred.Empty()
+	lost := b.deferred != nil && b.deferred.Uses() > 0
 	var ids []string
 	for _, i := range b.runnable {
-		if b.decisions[i].Decision == inbox.NewMessage && (!b.done[i] || lost) && b.results[i].Outcome != DeadLettered {
+		if b.decisions[i].Decision == inbox.NewMessage && (!b.done[i] || lost) {
 			ids = append(ids, b.items[i].ID)
 		}
+	}
+	conn := b.tx.Conn()
+	if conn.PgConn().TxStatus() != 'I' {
+		// The handler began a transaction of its own after its early
+		// commit: what runs in it is not the batch's; drop it.
+		_, _ = conn.Exec(ctx, "ROLLBACK")
 	}
 	if len(ids) == 0 {
 		return
 	}
-	if _, err := b.tx.Conn().Exec(ctx, b.e.sql.deleteClaims, b.scope, ids); err != nil {
+	if _, err := conn.Exec(ctx, b.e.sql.deleteClaims, b.scope, ids); err != nil {
 		b.e.cfg.Logger.Error("could not remove the inbox rows a handler committed early; those messages count as processed",
 			"messages", len(ids), "error", err)
 	}

@@ -22,10 +22,10 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, o Options) Result {
 		return Result{Outcome: Unresolved, Err: context.Cause(ctx)}
 	}
 	defer release()
-	scope := o.Scope
-	if scope == "" {
-		scope = e.cfg.Name
-	}
+	e.Vitals.active.Add(1) // marking counts as progress to watch, like an attempt
+	e.Vitals.moved()
+	defer e.Vitals.active.Add(-1)
+	scope := scopeOf(&o, e)
 	fixed := make([]Result, 1)
 	marked := false
 	if it.Reject == nil && it.ID != "" && !o.ReadOnly {

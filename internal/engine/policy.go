@@ -3,9 +3,11 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/retry"
 )
 
@@ -64,6 +66,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 		release()
 		if ex, ok := errors.AsType[*excludeError](err); ok {
 			fixed[ex.index] = ex.result // decided; the others run again without it
+			e.gov.unprobe(serial)
 			attempt--
 			continue
 		}
@@ -86,6 +89,9 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 			return e.split(ctx, items, o, fixed, err, alone)
 		}
 		if attempt >= e.cfg.BatchRetries && e.databaseAnswers(ctx) {
+			if e.giveUp(ctx, items[0], o, fixed, err) {
+				continue // one more attempt writes its dead letter
+			}
 			return unresolved(len(items), err)
 		}
 		delay := retry.Backoff(attempt, 50*time.Millisecond, 5*time.Second)
@@ -97,14 +103,41 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 }
 
 // split runs the two halves of a failing batch; in order, the second half
-// runs only if the first settled.
+// runs only if the first settled: after an unresolved message it is
+// unresolved too, after a retried one it waits for it (Deferred).
 func (e *Engine) split(ctx context.Context, items []*Item, o *Options, fixed []Result, err error, alone bool) []Result {
 	half := len(items) / 2
 	first := e.run(ctx, items[:half], o, fixed[:half], alone)
 	if o.InOrder && slices.ContainsFunc(first, func(r Result) bool { return r.Outcome == Unresolved }) {
 		return append(first, unresolved(len(items)-half, err)...)
 	}
+	if o.InOrder && slices.ContainsFunc(first, func(r Result) bool { return !r.Outcome.Final() }) {
+		rest := make([]Result, len(items)-half)
+		for i := range rest {
+			rest[i] = Result{Outcome: Deferred}
+		}
+		return append(first, rest...)
+	}
 	return append(first, e.run(ctx, items[half:], o, fixed[half:], alone)...)
+}
+
+// giveUp decides what becomes of a single message whose transaction keeps
+// failing while the database answers (a constraint that fails at commit,
+// say). Tracked messages count a failed attempt in the attempts table, so
+// that the redeliveries end: once the message reaches MaxAttempts, giveUp
+// fixes its dead letter (reason max_attempts) and reports true, and the
+// next attempt writes only that. Otherwise the message is handed back.
+func (e *Engine) giveUp(ctx context.Context, it *Item, o *Options, fixed []Result, err error) bool {
+	if len(fixed) != 1 || !o.TrackAttempts || it.Reject != nil || fixed[0].Outcome != 0 {
+		return false
+	}
+	if it.Attempt >= e.cfg.MaxAttempts {
+		fixed[0] = Result{Outcome: DeadLettered, Reason: deadletters.ReasonMaxAttempts,
+			Err: fmt.Errorf("attempt %d of %d: its transaction kept failing: %w", it.Attempt, e.cfg.MaxAttempts, err)}
+		return true
+	}
+	e.recordFailure(ctx, scopeOf(o, e), it)
+	return false
 }
 
 // once runs items the cheapest way that works: claims with a plain INSERT

@@ -178,6 +178,8 @@ func deadLetterID(it *Item) string {
 // they died. It applies the item's row and returns its crash count.
 func (e *Engine) markStart(ctx context.Context, scope string, it *Item) (int, error) {
 	r := &attemptRow{}
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.CommitTimeout)
+	defer cancel()
 	err := e.cfg.Pool.QueryRow(ctx, e.sql.markStart, scope, it.ID, safetext.Clean(it.Exchange), safetext.Clean(it.RoutingKey)).
 		Scan(&r.failures, &r.crashes, &r.exchange, &r.routingKey)
 	if err != nil {
@@ -199,3 +201,23 @@ func (e *Engine) unmarkStart(ctx context.Context, scope string, it *Item) {
 }
 
 func shortID(id string) string { return safetext.ShortID(id) }
+
+// recordFailure counts, in a statement of its own, a failed attempt of a
+// message whose transaction could not commit.
+func (e *Engine) recordFailure(ctx context.Context, scope string, it *Item) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CommitTimeout)
+	defer cancel()
+	_, err := e.cfg.Pool.Exec(rctx, e.sql.recordFailures, scope, []string{it.ID}, []int32{int32(it.Attempt)},
+		[]string{safetext.Clean(it.Exchange)}, []string{safetext.Clean(it.RoutingKey)})
+	if err != nil {
+		e.cfg.Logger.Warn("could not count a failed attempt", "message_id", shortID(it.ID), "error", err)
+	}
+}
+
+// scopeOf is the inbox scope of a batch with options o.
+func scopeOf(o *Options, e *Engine) string {
+	if o.Scope != "" {
+		return o.Scope
+	}
+	return e.cfg.Name
+}

@@ -196,7 +196,9 @@ func (t *Telemetry) outcomes(ctx context.Context, res []Result) {
 	}
 }
 
-func (t *Telemetry) batch(ctx context.Context, n int) { t.batchSize.Record(ctx, int64(n), t.baseRecord...) }
+func (t *Telemetry) batch(ctx context.Context, n int) {
+	t.batchSize.Record(ctx, int64(n), t.baseRecord...)
+}
 
 // processTime records one handler run (messaging.process.duration).
 func (t *Telemetry) processTime(ctx context.Context, d time.Duration) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,27 +35,70 @@ type handlerTx struct {
 	// postponed reports that the current message was postponed: every
 	// statement it sent after that was refused, so nothing of it was written.
 	postponed bool
+	// deferredAt is the batch's deferred-write count when the message
+	// began: a message that deferred a write has written.
+	deferredAt int
+	// contention is the last lock conflict one of the message's statements
+	// met, however the handler wraps it.
+	contention error
+	// raw reports that the handler took the raw connection (Conn), which
+	// bypasses the guard; xid is the transaction id it had then.
+	raw bool
+	xid int64
+	// root is the batch's own transaction when this one is a handler's
+	// savepoint (Begin); nil for the root itself.
+	root *handlerTx
+}
+
+// top is the batch's own transaction, whose state the guard keeps.
+func (t *handlerTx) top() *handlerTx {
+	if t.root != nil {
+		return t.root
+	}
+	return t
 }
 
 // errPostponed is what a postponed message's statements return.
 var errPostponed = errors.New("engine: another batch in flight writes this row; the message runs in a later batch")
 
 // next readies the transaction for the next message's handler.
-func (t *handlerTx) next(postpone bool) { t.postpone, t.wrote, t.postponed = postpone, false, false }
+func (t *handlerTx) next(postpone bool) {
+	t.postpone, t.wrote, t.postponed, t.contention, t.raw = postpone, false, false, nil, false
+	if t.b != nil && t.b.deferred != nil {
+		t.deferredAt = t.b.deferred.Uses()
+	}
+}
+
+// deferredSince reports whether the current message deferred a write.
+func (t *handlerTx) deferredSince() bool {
+	return t.b != nil && t.b.deferred != nil && t.b.deferred.Uses() != t.deferredAt
+}
+
+// note remembers a lock conflict among a statement's errors.
+func (t *handlerTx) note(err error) error {
+	if err != nil && isContention(err) {
+		t.top().contention = err
+	}
+	return err
+}
 
 // admit lets a statement through, or postpones the message: a write whose
 // row another batch in flight wrote, before the message wrote anything.
 func (t *handlerTx) admit(sql string, args []any) error {
+	t = t.top()
 	if t.postponed {
 		return errPostponed
 	}
 	if t.b == nil || !isWrite(sql) {
 		return nil
 	}
+	if t.b.gone.Load() {
+		return nil // abandoned: its keys were released and stay so
+	}
 	key := rowKey(sql, args)
 	if t.b.e.keys.take(t.b, key) {
 		t.b.keys = append(t.b.keys, key)
-	} else if t.postpone && !t.wrote {
+	} else if t.postpone && !t.wrote && !t.deferredSince() {
 		t.postponed = true
 		return errPostponed
 	}
@@ -63,7 +107,7 @@ func (t *handlerTx) admit(sql string, args []any) error {
 }
 
 func (t *handlerTx) refuse(what string) error {
-	t.violated.Store(true)
+	t.top().violated.Store(true)
 	return fmt.Errorf("%w (%s)", ErrTransactionControl, what)
 }
 
@@ -84,7 +128,8 @@ func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 	if err := t.admit(sql, args); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return t.Tx.Exec(ctx, sql, args...)
+	tag, err := t.Tx.Exec(ctx, sql, args...)
+	return tag, t.note(err)
 }
 
 func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -94,7 +139,8 @@ func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 	if err := t.admit(sql, args); err != nil {
 		return nil, err
 	}
-	return t.Tx.Query(ctx, sql, args...)
+	rows, err := t.Tx.Query(ctx, sql, args...)
+	return rows, t.note(err)
 }
 
 func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
@@ -104,7 +150,7 @@ func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	if err := t.admit(sql, args); err != nil {
 		return errRow{err}
 	}
-	return t.Tx.QueryRow(ctx, sql, args...)
+	return noteRow{t.Tx.QueryRow(ctx, sql, args...), t}
 }
 
 func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -116,6 +162,7 @@ func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 			return errBatch{err}
 		}
 	}
+
 	return t.Tx.SendBatch(ctx, b)
 }
 
@@ -124,6 +171,66 @@ func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 		return nil, err
 	}
 	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// noteRow remembers a lock conflict met by a QueryRow.
+type noteRow struct {
+	pgx.Row
+	t *handlerTx
+}
+
+func (r noteRow) Scan(dest ...any) error { return r.t.note(r.Row.Scan(dest...)) }
+
+// Conn returns the raw connection, which bypasses the guard: the runtime
+// then checks, after the handler, that its transaction is still the one it
+// began (a "COMMIT; BEGIN" sent here leaves a transaction open, another).
+func (t *handlerTx) Conn() *pgx.Conn {
+	if t.root != nil {
+		return t.top().Conn()
+	}
+	if !t.raw {
+		t.raw = true
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		t.xid = currentXID(ctx, t.Tx)
+	}
+	return t.Tx.Conn()
+}
+
+// Begin starts a pseudo nested transaction (a savepoint): the handler may
+// commit or roll it back, but its statements pass the same guard.
+func (t *handlerTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	nested, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &nestedTx{&handlerTx{Tx: nested, b: t.b, root: t.top()}}, nil
+}
+
+// nestedTx is a handler's savepoint: its Commit and Rollback release or
+// roll back the savepoint; everything else is guarded like the batch's
+// transaction, whose state it shares.
+type nestedTx struct{ *handlerTx }
+
+func (n *nestedTx) Commit(ctx context.Context) error   { return n.handlerTx.Tx.Commit(ctx) }
+func (n *nestedTx) Rollback(ctx context.Context) error { return n.handlerTx.Tx.Rollback(ctx) }
+
+// Conn marks the batch's transaction as using the raw connection.
+func (n *nestedTx) Conn() *pgx.Conn {
+	n.top().Conn()
+	return n.handlerTx.Tx.Conn()
+}
+
+// currentXID is the transaction id q's transaction has, -1 for none yet or
+// when it cannot be read.
+func currentXID(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) int64 {
+	var xid *int64
+	if err := q.QueryRow(ctx, "SELECT txid_current_if_assigned()").Scan(&xid); err != nil || xid == nil {
+		return -1
+	}
+	return *xid
 }
 
 type errRow struct{ err error }

@@ -105,6 +105,7 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *p
 		case now := <-timer.C:
 			index, wait, abandon := w.overdue(now, limit)
 			if abandon {
+				w.owner.gone.Store(true)
 				e.keys.releaseAll(w.owner)
 				return e.abandon(ctx, items, index, w.conn)
 			}
@@ -121,10 +122,12 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *p
 func (e *Engine) abandon(ctx context.Context, items []*Item, index int, conn *pgxpool.Conn) ([]Result, error) {
 	raw := conn.Hijack()
 	pid := raw.PgConn().PID()
-	_ = raw.PgConn().Conn().Close()
+	// Terminate first, while the backend still serves this socket: once
+	// the socket is closed, its pid may go to another session.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CommitTimeout)
 	_, terr := e.cfg.Pool.Exec(tctx, "SELECT pg_terminate_backend($1)", int64(pid))
 	cancel()
+	_ = raw.PgConn().Conn().Close()
 	e.Counts.Abandoned.Add(1)
 	e.tel.abandoned(ctx)
 	id := "(batch handler)"

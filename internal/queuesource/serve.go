@@ -284,13 +284,17 @@ func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
 	o := src.options(s)
 	o.Postpone = src.cfg.OrderingKey == nil // postponing reorders: not with ordering keys
 	results := src.eng.Run(s.ctx, items, o)
-	settled, done := batch[:0:0], results[:0:0]
+	settled, done, postponed := batch[:0:0], results[:0:0], results[:0:0]
 	for i, r := range results {
 		if r.Outcome == engine.Postponed {
 			carry = append(carry, batch[i])
+			postponed = append(postponed, r)
 			continue
 		}
 		settled, done = append(settled, batch[i]), append(done, r)
+	}
+	if len(postponed) > 0 {
+		src.eng.Count(s.ctx, postponed)
 	}
 	src.settle(s.ctx, s, settled, done)
 	return carry

@@ -59,9 +59,13 @@ func (s *session) alive() bool {
 func (s *session) close() {
 	s.kill()
 	s.gate.release()
-	_ = s.conn.Close()
-	_ = s.pubConn.Close()
+	deadline := time.Now().Add(closeTimeout)
+	_ = s.conn.CloseDeadline(deadline)
+	_ = s.pubConn.CloseDeadline(deadline)
 }
+
+// closeTimeout bounds waiting for the broker's answer to a connection close.
+const closeTimeout = 5 * time.Second
 
 // ErrFatal marks broker errors that reconnecting cannot fix (wrong
 // credentials, no access to the vhost or queue, wrong queue arguments):
@@ -81,16 +85,21 @@ func RedactURL(raw string) string {
 func (src *Source) dial(name string, g *gate) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	dial := amqp.DefaultDial(10 * time.Second)
-	if g != nil {
-		plain := dial
-		dial = func(network, addr string) (net.Conn, error) {
-			c, err := plain(network, addr)
-			if err != nil {
-				return nil, err
-			}
+	plain := amqp.DefaultDial(10 * time.Second)
+	dial := func(network, addr string) (net.Conn, error) {
+		c, err := plain(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// A write that cannot go out within CommitTimeout (the broker
+		// blocks publishers on a memory or disk alarm, a half-open socket)
+		// fails the connection, and with it the session, instead of
+		// blocking a worker for good.
+		c = &writeDeadlineConn{Conn: c, timeout: src.cfg.CommitTimeout}
+		if g != nil {
 			return gated(c, g), nil
 		}
+		return c, nil
 	}
 	conn, err := amqp.DialConfig(src.cfg.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: dial})
 	if err != nil {
@@ -245,6 +254,7 @@ func (p *publisher) publishAll(ctx context.Context, out []outgoing) (ok []bool, 
 func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.dropStaleReturns()
 	ok = make([]bool, len(out))
 	confirms := make([]*amqp.DeferredConfirmation, len(out))
 	ids := make(map[string]int, len(out))
@@ -278,4 +288,29 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool
 			return ok, nil
 		}
 	}
+}
+
+// dropStaleReturns empties the returns channel of what earlier rounds that
+// failed before reading it left there: it must hold room for this round's.
+func (p *publisher) dropStaleReturns() {
+	for {
+		select {
+		case <-p.returns:
+		default:
+			return
+		}
+	}
+}
+
+// writeDeadlineConn gives every write a deadline.
+type writeDeadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c *writeDeadlineConn) Write(p []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
 }
