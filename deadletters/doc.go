@@ -19,9 +19,10 @@
 // filters (reason, consumer, message id, a limit) back to the queue:
 //
 //	res, err := deadletters.Redrive(ctx, deadletters.RedriveOptions{
-//		AMQPURL:  os.Getenv("IDEM_AMQP_URL"),
+//		AMQPURL:  amqpURL(),
 //		Pool:     pool,
-//		Queue:    "payments.capture.requested",
+//		Tables:   tables,
+//		Queue:    queue,
 //		Reason:   "max_attempts",
 //		Operator: "alice",
 //	})

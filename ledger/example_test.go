@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -98,6 +99,47 @@ func Example() {
 	// Output:
 	// provider got {"to":"ada@example.com"} with Idempotency-Key 192ddd89aebf2e22d1aaf5aaa06c3b71
 	// 865739beecc35ced9e7b3d8da86ce4e5 succeeded 1
+}
+
+// Recording is idempotent: the same effect recorded again (a redelivery, a
+// replay) returns the entry already there; the same id with another request
+// is a conflict, and the transaction stays usable.
+func ExampleLedger_Record() {
+	ctx := context.Background()
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	l, err := ledger.New(ledger.Config{Pool: pool, Tables: tables})
+	if err != nil {
+		log.Fatal(err)
+	}
+	capture := func(cents int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			e, err := l.Record(ctx, tx, ledger.Effect{
+				Type:        "payment.capture",
+				BusinessKey: "order-1042",
+				Target:      "https://psp.example/captures",
+				Request:     map[string]int{"cents": cents},
+			})
+			if errors.Is(err, ledger.ErrEffectConflict) {
+				fmt.Println("conflict:", err)
+				return nil // the transaction goes on; dead-letter the message, say
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Println(e.ID, e.Status)
+			return nil
+		})
+	}
+	for _, cents := range []int{1299, 1299, 1500} {
+		if err := capture(cents); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Output:
+	// 7e772d38fdb9971779163a6fa01a08b2 pending
+	// 7e772d38fdb9971779163a6fa01a08b2 pending
+	// conflict: ledger: effect 7e772d38fdb9971779163a6fa01a08b2 recorded before with request dfdfd56035ac, refusing request 162a6436cdab
 }
 
 // The effect id comes from the effect's type and business key, and the
