@@ -41,16 +41,23 @@ func HashJSON(b []byte) (Hash, error) {
 //   - object keys are sorted by Unicode code point, and a repeated key is an
 //     error (parsers disagree on which value wins, so its meaning is unclear);
 //   - insignificant whitespace is removed;
-//   - numbers are written in the ECMAScript style that RFC 8785 uses
-//     (1.0, 1, 1e0 and 10e-1 all become 1; 1e21 becomes 1e+21), but exactly:
-//     the decimal value is kept digit for digit and never rounded to a float64,
-//     so two different large integers never collide; -0 becomes 0;
+//   - numbers are written in one form (1.0, 1, 1e0 and 10e-1 all become 1;
+//     1e21 becomes 1e+21) that keeps the decimal value digit for digit and
+//     never rounds it to a float64, so two different large integers never
+//     collide; -0 becomes 0;
 //   - strings keep their content exactly; the output escapes only '"', '\\'
 //     and control characters (as \b \f \n \r \t or \u00xx) and writes every
 //     other character as UTF-8.
 //
 // It rejects invalid UTF-8 rather than repairing it, and bounds nesting at
 // MaxJSONDepth. Canonicalising the output again returns it unchanged.
+//
+// This is not RFC 8785 (JCS), though it looks like it: RFC 8785 orders keys
+// by UTF-16 code unit, not by code point (the two differ for characters
+// outside the Basic Multilingual Plane), and serialises numbers as IEEE 754
+// doubles, which rounds large integers and long fractions. Its output is
+// meant for comparing payloads with each other, not with another JCS
+// implementation's.
 func CanonicalJSON(b []byte) ([]byte, error) {
 	if !utf8.Valid(b) {
 		i := 0

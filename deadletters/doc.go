@@ -19,13 +19,17 @@
 // filters (reason, consumer, message id, a limit) back to the queue:
 //
 //	res, err := deadletters.Redrive(ctx, deadletters.RedriveOptions{
-//		AMQPURL: os.Getenv("IDEM_AMQP_URL"), Pool: pool, Queue: "payments",
-//		Reason: "max_attempts", Operator: "alice",
+//		AMQPURL:  amqpURL(),
+//		Pool:     pool,
+//		Tables:   tables,
+//		Queue:    queue,
+//		Reason:   "max_attempts",
+//		Operator: "alice",
 //	})
 //
 // or from the command line:
 //
-//	idem deadletters redrive --queue payments --reason max_attempts
+//	idem deadletters redrive --queue payments.capture.requested --reason max_attempts
 //
 // The copy keeps the body, the properties, the message id and the
 // publisher's headers; idem's reason and attempt headers (and the broker's

@@ -4,13 +4,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
+	"sync/atomic"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/migrate"
 )
@@ -18,25 +25,11 @@ import (
 // The dead letters of one reason, newest first.
 func ExampleList() {
 	ctx := context.Background()
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_deadletters_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
+	pool, tables, done := exampleDB(ctx)
+	defer done()
 	// What a consumer writes when it gives up on a message.
 	hash := idem.HashBytes([]byte(`{"amount":-5}`))
-	_, err = pool.Exec(ctx, "INSERT INTO "+tables.Table("dead_letters")+
+	_, err := pool.Exec(ctx, "INSERT INTO "+tables.Table("dead_letters")+
 		` (consumer, message_id, payload_hash, reason, error, attempts) VALUES ('billing', 'm-7', $1, 'max_attempts', 'gateway down', 5)`,
 		hash[:])
 	if err != nil {
@@ -55,23 +48,144 @@ func ExampleList() {
 }
 
 // Once the gateway is back, the messages that ran out of attempts go back to
-// their queue, each row marked with who moved it.
+// their queue, each row marked with who moved it, and the consumer
+// processes them afresh.
 func ExampleRedrive() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	queue := "example.payments." + tables.Schema
+	var gatewayDown atomic.Bool
+	gatewayDown.Store(true)
+	c, err := consumer.New(consumer.Config{
+		Name: "payments", Queue: queue, Pool: pool, Tables: tables, AMQPURL: amqpURL(),
+		MaxAttempts: 1, Logger: slog.New(slog.DiscardHandler),
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
+	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if gatewayDown.Load() {
+			return errors.New("gateway down")
+		}
+		return nil
+	})
+	if err := c.Declare(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer deleteQueues(queue)
+	publish(queue, "m-7")
+	runUntil(c, func(s consumer.Stats) bool { return s.DeadLettered == 1 })
+
+	gatewayDown.Store(false)
 	res, err := deadletters.Redrive(ctx, deadletters.RedriveOptions{
-		AMQPURL:  os.Getenv("IDEM_AMQP_URL"),
+		AMQPURL:  amqpURL(),
 		Pool:     pool,
-		Queue:    "payments.capture.requested",
+		Tables:   tables,
+		Queue:    queue,
 		Reason:   "max_attempts",
 		Operator: "alice",
 	})
 	if err != nil {
 		log.Fatal(err) // what was not moved is still in the dead-letter queue
 	}
-	fmt.Printf("moved %d of %d messages looked at\n", res.Moved, res.Scanned)
+	fmt.Printf("moved %d of %d messages looked at, %d rows marked\n", res.Moved, res.Scanned, res.Marked)
+	runUntil(c, func(s consumer.Stats) bool { return s.Processed == 1 })
+	fmt.Println("processed after the redrive")
+	// Output:
+	// moved 1 of 1 messages looked at, 1 rows marked
+	// processed after the redrive
+}
+
+// runUntil runs c until its statistics satisfy done, at most 30 seconds.
+func runUntil(c *consumer.Consumer, done func(consumer.Stats) bool) {
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !done(c.Stats()) {
+		if time.Now().After(deadline) {
+			log.Fatalf("not done in 30s: %+v", c.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
+}
+
+// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
+// a fresh schema, and returns a function that drops it.
+func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
+	url := os.Getenv("IDEM_PG_URL")
+	if url == "" {
+		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	tables := idem.Tables{Schema: "example_deadletters_" + hex.EncodeToString(suffix[:])}
+	if _, err := migrate.Up(ctx, pool, tables); err != nil {
+		log.Fatal(err)
+	}
+	return pool, tables, func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
+		pool.Close()
+	}
+}
+
+// publish sends one persistent message with a message id, confirmed.
+func publish(queue, id string) {
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+		amqp.Publishing{MessageId: id, Body: []byte(`{"amount":5}`), DeliveryMode: amqp.Persistent})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
+		log.Fatalf("publish %s: not confirmed (%v)", id, err)
+	}
+}
+
+// deleteQueues removes the queue and the retry and dead-letter queues the
+// consumer declared for it.
+func deleteQueues(queue string) {
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+func amqpURL() string {
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
 }

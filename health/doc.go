@@ -9,20 +9,34 @@
 // short Reason when it is not. The ledger's *Dispatcher reports ready while
 // its database connection and notification listener work, and live while
 // its loops tick; a consumer reports ready while it is connected and
-// consuming, and live while its batches complete. ReporterFunc turns a
-// function into a Reporter for checks of your own.
+// consuming (a stream consumer also while it stands by for another
+// process), and live while its batches complete and no handler is wedged.
+// ReporterFunc turns a function into a Reporter for checks of your own.
 //
 // # Serving the probes
 //
 // Handler serves GET /healthz (liveness) and GET /readyz (readiness): 200
-// when every reporter is live (ready), 503 otherwise, with a small JSON body.
-// Mount it on a mux of your own, or let ListenAndServe run a server for it
-// beside the worker:
+// when every reporter is live (ready), 503 otherwise, with a small JSON body
+// that names each component and its reason. Mount it on a mux of your own,
+// or let ListenAndServe run a server for it beside the worker until its
+// context ends:
 //
-//	go health.ListenAndServe(ctx, "127.0.0.1:8081", dispatcher, consumer)
+//	go func() {
+//		if err := health.ListenAndServe(ctx, "127.0.0.1:8081", dispatcher, consumer); err != nil {
+//			log.Print(err) // the address is taken, say
+//		}
+//	}()
 //
-// A Kubernetes pod would then use:
+// # Reading the answers
+//
+// A worker whose database is away is live but not ready: take it out of
+// traffic, do not restart it; it recovers when the database does. A worker
+// that is not live is wedged (a loop stopped turning, or Run returned with
+// an error): restart it. A Kubernetes pod would use:
 //
 //	livenessProbe:  {httpGet: {path: /healthz, port: 8081}, periodSeconds: 10, failureThreshold: 3}
 //	readinessProbe: {httpGet: {path: /readyz,  port: 8081}, periodSeconds: 5}
+//
+// The example workers serve both with -health-addr; the operations guide
+// (docs/operations.md) has the details.
 package health

@@ -1,8 +1,10 @@
 package health_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http/httptest"
 
 	"github.com/idemkit/idem/health"
@@ -28,4 +30,18 @@ func ExampleHandler() {
 	// Output:
 	// /healthz 200 {"ok":true,"checks":[{"component":"ledger dispatcher","ready":false,"live":true,"reason":"database: connection refused"}]}
 	// /readyz 503 {"ok":false,"checks":[{"component":"ledger dispatcher","ready":false,"live":true,"reason":"database: connection refused"}]}
+}
+
+// Beside a worker: the probes of a dispatcher and a consumer (both are
+// Reporters) on their own port, until ctx is cancelled.
+func ExampleListenAndServe() {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	dispatcher := health.ReporterFunc(func() health.Status { return health.Status{Component: "ledger dispatcher", Ready: true, Live: true} })
+	consumer := health.ReporterFunc(func() health.Status { return health.Status{Component: "consumer", Ready: true, Live: true} })
+	go func() {
+		if err := health.ListenAndServe(ctx, "127.0.0.1:8081", dispatcher, consumer); err != nil {
+			log.Print(err) // the address is taken, say
+		}
+	}()
 }

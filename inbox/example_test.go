@@ -2,6 +2,8 @@ package inbox_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
@@ -15,49 +17,58 @@ import (
 	"github.com/idemkit/idem/migrate"
 )
 
-// The handler's writes and the claim commit together: a redelivered message
-// finds its row and is skipped.
+// The handler's write and the claim commit together: a redelivered message
+// finds its row and is skipped, and a message that reuses the id for
+// another payload is a conflict.
 func ExampleInbox_Claim() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	tables := idem.Tables{Schema: "shop"}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
+	pool, tables, done := exampleDB(ctx)
+	defer done()
 	ib, err := inbox.New(inbox.Config{Tables: tables})
 	if err != nil {
 		log.Fatal(err)
 	}
+	pay := `UPDATE ` + tables.QuotedSchema() + `.orders SET paid = paid + 1 WHERE id = 'o-1'`
 
-	body := []byte(`{"order":"o-1","cents":1250}`)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := ib.Claim(ctx, tx, inbox.Claim{
-			Consumer:    "billing",
-			MessageID:   "msg-0001",
-			PayloadHash: idem.HashBytes(body),
-			BusinessKey: "o-1",
-			Source:      "orders",
+	deliver := func(body []byte) {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			res, err := ib.Claim(ctx, tx, inbox.Claim{
+				Consumer:    "billing",
+				MessageID:   "msg-0001",
+				PayloadHash: idem.HashBytes(body),
+				BusinessKey: "o-1",
+				Source:      "orders",
+			})
+			if err != nil {
+				return err
+			}
+			switch res.Decision {
+			case inbox.NewMessage:
+				_, err = tx.Exec(ctx, pay) // the handler's write, in the claim's transaction
+				return err
+			case inbox.Duplicate:
+				return nil // processed before: ack without running the handler
+			default: // inbox.Conflict: the id was reused for another payload
+				fmt.Println("conflict: payload", idem.HashBytes(body).Short(), "stored", res.StoredHash.Short())
+				return nil // dead-letter it; never process it, never ack it as a duplicate
+			}
 		})
 		if err != nil {
-			return err
+			log.Fatal(err)
 		}
-		switch res.Decision {
-		case inbox.NewMessage:
-			_, err = tx.Exec(ctx, "UPDATE orders SET paid = true WHERE id = 'o-1'")
-			return err
-		case inbox.Duplicate:
-			return nil // processed before: ack without running the handler
-		default: // inbox.Conflict: the id was reused for another payload
-			return fmt.Errorf("dead-letter: payload %s, stored %s", idem.HashBytes(body).Short(), res.StoredHash.Short())
-		}
-	})
-	if err != nil {
+	}
+	deliver([]byte(`{"order":"o-1","cents":1250}`))
+	deliver([]byte(`{"order":"o-1","cents":1250}`)) // the broker delivers it again
+	deliver([]byte(`{"order":"o-1","cents":9999}`)) // a producer reuses the id
+
+	var paid int
+	if err := pool.QueryRow(ctx, `SELECT paid FROM `+tables.QuotedSchema()+`.orders`).Scan(&paid); err != nil {
 		log.Fatal(err)
 	}
+	fmt.Println("paid", paid, "time(s)")
+	// Output:
+	// conflict: payload fdc54dca15dd stored 5c6abac06402
+	// paid 1 time(s)
 }
 
 // A batch of deliveries in one transaction: claim all at once, run each
@@ -65,12 +76,9 @@ func ExampleInbox_Claim() {
 // that their redelivery is processed.
 func ExampleInbox_ClaimBatch() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	ib, err := inbox.New(inbox.Config{Tables: idem.Tables{Schema: "shop"}})
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	ib, err := inbox.New(inbox.Config{Tables: tables})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -114,6 +122,13 @@ func ExampleInbox_ClaimBatch() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	for _, c := range claims {
+		_, err := ib.Lookup(ctx, pool, c.Consumer, c.MessageID)
+		fmt.Println(c.MessageID, "recorded:", err == nil)
+	}
+	// Output:
+	// msg-1 recorded: true
+	// msg-2 recorded: false
 }
 
 // Batches that are expected to be new take the cheap plain INSERT; a batch
@@ -121,12 +136,9 @@ func ExampleInbox_ClaimBatch() {
 // transaction, which decides its duplicates and conflicts.
 func ExampleInbox_ClaimNewBatch() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	ib, err := inbox.New(inbox.Config{Tables: idem.Tables{Schema: "shop"}})
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	ib, err := inbox.New(inbox.Config{Tables: tables})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -148,11 +160,46 @@ func ExampleInbox_ClaimNewBatch() {
 			return nil
 		})
 	}
-	err = process(ib.ClaimNewBatch)
-	if errors.Is(err, inbox.ErrClaimed) {
-		err = process(ib.ClaimBatch) // the first transaction rolled back
+	for range 2 { // the second time, both are claimed already
+		err = process(ib.ClaimNewBatch)
+		if errors.Is(err, inbox.ErrClaimed) {
+			fmt.Println("claimed already: run the batch again with ClaimBatch")
+			err = process(ib.ClaimBatch) // the first transaction rolled back
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
 	}
+	// Output:
+	// apply evt-41
+	// apply evt-42
+	// claimed already: run the batch again with ClaimBatch
+}
+
+// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
+// a fresh schema with an orders table, and returns a function that drops it.
+func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
+	url := os.Getenv("IDEM_PG_URL")
+	if url == "" {
+		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	tables := idem.Tables{Schema: "example_inbox_" + hex.EncodeToString(suffix[:])}
+	if _, err := migrate.Up(ctx, pool, tables); err != nil {
+		log.Fatal(err)
+	}
+	s := tables.QuotedSchema()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+s+`.orders (id text PRIMARY KEY, paid int NOT NULL);
+		INSERT INTO `+s+`.orders VALUES ('o-1', 0)`); err != nil {
+		log.Fatal(err)
+	}
+	return pool, tables, func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")
+		pool.Close()
 	}
 }

@@ -1,24 +1,3 @@
-// Package inbox records which messages a consumer has processed, inside the
-// same PostgreSQL transaction as the handler's own writes, so that a message
-// delivered twice changes the database once.
-//
-// A claim inserts the row (consumer, message id, payload hash) with
-// INSERT … ON CONFLICT DO NOTHING and decides from the outcome:
-//
-//   - NewMessage: the row was inserted by this transaction; run the handler.
-//   - Duplicate: the row exists with the same payload hash; the message was
-//     processed before (or earlier in this transaction); ack it, skip the
-//     handler.
-//   - Conflict: the row exists with a different payload hash; the id was
-//     reused for another payload. Never process it and never ack it as a
-//     duplicate: dead-letter it and report both hashes.
-//
-// The claim is made in the caller's pgx.Tx and commits or rolls back with
-// it: a claim in a rolled-back transaction leaves no trace. Concurrent claims
-// of one id wait for each other on the primary key, so exactly one of them
-// is NewMessage. Claims run under READ COMMITTED (PostgreSQL's default); under
-// REPEATABLE READ or SERIALIZABLE a claim that races a concurrent commit
-// fails with a serialization error and the caller retries the transaction.
 package inbox
 
 import (

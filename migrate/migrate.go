@@ -1,10 +1,3 @@
-// Package migrate owns the schema of every table idem uses: embedded,
-// versioned SQL applied inside a transaction under a PostgreSQL advisory lock
-// and recorded in a migrations table, so that running it twice is a no-op and
-// several processes migrating at once apply each version exactly once.
-//
-// Teams with their own migration tool take the SQL from SQL (or
-// `idem migrate --print-sql`) instead of calling Up.
 package migrate
 
 import (

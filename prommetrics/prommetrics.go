@@ -1,20 +1,3 @@
-// Package prommetrics serves idem's OpenTelemetry metrics to Prometheus: one
-// call in a worker's main makes every idem instrument (consumer, ledger
-// dispatcher, HTTP edge) scrapeable at /metrics, through the OpenTelemetry
-// Prometheus exporter.
-//
-//	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics")
-//	…
-//	metrics, err := prommetrics.Serve(*metricsAddr, logger)
-//	if err != nil {
-//		return err
-//	}
-//	defer metrics.Close()
-//
-// Names are translated the Prometheus way: idem.consumer.messages becomes
-// idem_consumer_messages_total, a duration in seconds gets _seconds. The
-// guide docs/observability.md lists them with the Grafana dashboard that
-// reads them.
 package prommetrics
 
 import (

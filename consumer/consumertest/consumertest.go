@@ -1,23 +1,3 @@
-// Package consumertest helps users test their handlers against a real
-// PostgreSQL, in the spirit of net/http/httptest: a fresh schema per test,
-// messages delivered as one batch (duplicates included) through the same
-// pipeline the runtime uses, and assertions on what became of each.
-//
-//	func TestDepositAppliesOnce(t *testing.T) {
-//		pool := testPool(t) // your test database
-//		tables := consumertest.Schema(t, pool)
-//		c, err := consumer.New(consumer.Config{Name: "billing", Pool: pool, Tables: tables})
-//		if err != nil {
-//			t.Fatal(err)
-//		}
-//		c.Handle(applyDeposit)
-//		m := consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: 5})
-//		out := consumertest.Deliver(t, c, consumertest.Times(3, m)...)
-//		consumertest.RequireProcessed(t, out, "m-1")
-//		consumertest.RequireDuplicates(t, out, "m-1", 2)
-//	}
-//
-// The example in this package's tests is the same code, compiled.
 package consumertest
 
 import (

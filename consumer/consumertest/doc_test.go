@@ -2,6 +2,7 @@ package consumertest_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -12,7 +13,7 @@ import (
 	"github.com/idemkit/idem/internal/testdb"
 )
 
-// The package documentation's example, compiled and run.
+// The package documentation's examples, compiled and run.
 
 type Deposit struct {
 	Account string `json:"account"`
@@ -22,8 +23,10 @@ type Deposit struct {
 func testPool(t *testing.T) *pgxpool.Pool { return testdb.Pool(t) }
 
 var applyDeposit = consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, d Deposit) error {
-	_, err := tx.Exec(ctx, `SELECT $1::text, $2::bigint`, d.Account, d.Amount) // your business write
-	return err
+	if d.Amount <= 0 {
+		return consumer.DeadLetter("invalid_deposit", errors.New("amount must be positive"))
+	}
+	return consumer.Defer(ctx, tx, `SELECT $1::text, $2::bigint`, d.Account, d.Amount) // your business write
 })
 
 func TestDepositAppliesOnce(t *testing.T) {
@@ -38,4 +41,19 @@ func TestDepositAppliesOnce(t *testing.T) {
 	out := consumertest.Deliver(t, c, consumertest.Times(3, m)...)
 	consumertest.RequireProcessed(t, out, "m-1")
 	consumertest.RequireDuplicates(t, out, "m-1", 2)
+}
+
+func TestInvalidDepositIsDeadLettered(t *testing.T) {
+	pool := testPool(t)
+	c, err := consumer.New(consumer.Config{Name: "billing", Pool: pool, Tables: consumertest.Schema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Handle(applyDeposit)
+	out := consumertest.DeliverEach(t, c,
+		consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: -5}),
+		consumertest.Incoming("m-2", []byte(`{"account":`)),
+	)
+	consumertest.RequireDeadLettered(t, out, "m-1", "invalid_deposit")
+	consumertest.RequireDeadLettered(t, out, "m-2", "decode_error")
 }

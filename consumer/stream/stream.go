@@ -1,21 +1,3 @@
-// Package stream runs a consumer over a RabbitMQ stream instead of a queue:
-// in order, batched, with the stream offset checkpointed in each batch's
-// transaction, and one active reader per (consumer name, stream) across
-// processes — the others wait as hot standbys and take over when it stops.
-//
-// It is a package of its own so that a worker that only consumes queues
-// does not link the stream client.
-//
-//	c, err := consumer.New(consumer.Config{Name: "orders-projection", Stream: "orders", Pool: pool, AMQPURL: url})
-//	c.Handle(project)
-//	err = stream.Run(ctx, c)
-//
-// A message whose handler fails is retried in place (a stream has no retry
-// queue), after a backoff of Config.RetryBaseDelay doubling to
-// RetryMaxDelay, with the messages after it, until it succeeds or is
-// dead-lettered with reason max_attempts. The checkpoint never passes a
-// message that is not settled, so a reader that takes over resumes exactly
-// where the last committed batch ended.
 package stream
 
 import (

@@ -57,10 +57,9 @@ func newConsumer(o options, pool *pgxpool.Pool, tables idem.Tables, logger *slog
 		Queue:   o.queue,
 		Tables:  tables,
 		Logger:  logger,
-		// Deposits to one account go to one worker, in order. Without it,
-		// parallel batches that increment the same hot rows in different
-		// orders deadlock (the runtime retries them, but each deadlock costs
-		// PostgreSQL's deadlock_timeout).
+		// Deposits to one account go to one worker, in order, so batches
+		// running in parallel never increment the same row: the deferred
+		// increments below never wait for each other's locks.
 		OrderingKey: accountOf,
 	})
 	if err != nil {
@@ -73,8 +72,9 @@ func newConsumer(o options, pool *pgxpool.Pool, tables idem.Tables, logger *slog
 			return consumer.DeadLetter("invalid_deposit", errors.New("account and amount are required"))
 		}
 		// A plain increment: applying it twice would double the deposit.
-		_, err := tx.Exec(ctx, increment, d.Account, *d.Amount)
-		return err
+		// It is write-only, so it is deferred: the batch's increments go to
+		// PostgreSQL together, in one round trip just before the commit.
+		return consumer.Defer(ctx, tx, increment, d.Account, *d.Amount)
 	}))
 	return c, nil
 }

@@ -54,7 +54,7 @@ type Config struct {
 	Caller func(*http.Request) string
 	// Expiry is how long a key is kept after its first request; a request
 	// that arrives later with the same key runs as new. It must exceed the
-	// longest horizon over which clients retry (see the README). Default:
+	// longest horizon over which clients retry (see docs/http.md). Default:
 	// 24h.
 	Expiry time.Duration
 	// Lease is how long a started request owns its key before another

@@ -3,6 +3,35 @@
 // PostgreSQL transaction as the handler's business write, so one request
 // intent has exactly one effect however often the client retries.
 //
+// # Using it
+//
+// New takes the pool and a Config that says whose keys are whose; Handle
+// wraps a handler that gets the request's transaction and returns the
+// response to store:
+//
+//	mux.Handle("POST /payments", m.Handle(httpinbox.Route{Operation: "payments.create"},
+//		func(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
+//			var req struct {
+//				Amount int64 `json:"amount"`
+//			}
+//			if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.Amount <= 0 {
+//				return httpinbox.Response{}, httpinbox.Invalid(fmt.Errorf("amount must be a positive integer"))
+//			}
+//			// The payment's identity comes from the key, so a re-run after a
+//			// crash creates the same payment, never a second one.
+//			id := "pay_" + httpinbox.FromContext(ctx).KeyID()[:12]
+//			if _, err := tx.Exec(ctx, "INSERT INTO "+payments+" (id, amount) VALUES ($1, $2)", id, req.Amount); err != nil {
+//				return httpinbox.Response{}, err
+//			}
+//			resp, err := httpinbox.JSON(http.StatusCreated, map[string]any{"id": id, "amount": req.Amount})
+//			resp.ResourceID = id
+//			return resp, err
+//		}))
+//
+// The guide docs/http.md lists every answer the middleware gives.
+//
+// # The record
+//
 // A request carries a key (header Idempotency-Key). The record for
 // (tenant, caller, operation, key) holds a fingerprint of the request, a
 // state (started, completed, failed_replayable or unknown), a lease, and the

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -27,7 +27,11 @@ import (
 // key reused for a different request is refused.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testdb.URL()) // IDEM_PG_URL
+	url := os.Getenv("IDEM_PG_URL")
+	if url == "" {
+		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		log.Fatal(err)
 	}

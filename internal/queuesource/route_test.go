@@ -21,8 +21,12 @@ func (noAcks) Nack(uint64, bool, bool) error { return nil }
 // message goes to the isolation goroutine whatever its key.
 func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
 	key := func(it *engine.Item) string { return it.BusinessKey }
-	src := &Source{cfg: Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key,
-		Prepare: func(d *amqp.Delivery, _ time.Time) *engine.Item { return &engine.Item{BusinessKey: string(d.Body)} }}}
+	tel, err := engine.NewTelemetry("test", "q", nil, nil, func() (int64, bool) { return 0, false })
+	require.NoError(t, err)
+	eng, err := engine.New(engine.Config{Name: "test", Telemetry: tel}) // routing counts redeliveries
+	require.NoError(t, err)
+	src := New(Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key,
+		Prepare: func(d *amqp.Delivery, _ time.Time) *engine.Item { return &engine.Item{BusinessKey: string(d.Body)} }}, eng)
 	s := &session{acks: newAcker(noAcks{}, 100), gate: newGate(1 << 20), dead: make(chan struct{})}
 	r := &router{src: src, s: s, key: key, suspects: make(chan *delivery, 100)}
 	for range 4 {

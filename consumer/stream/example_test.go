@@ -1,0 +1,163 @@
+package stream_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/migrate"
+)
+
+// A projection kept from a stream: the handler is an ordinary consumer
+// handler; stream.Run reads in order and checkpoints each batch in its
+// transaction. A copy of an event (same id, same body) is a duplicate.
+func ExampleRun() {
+	ctx := context.Background()
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	name := "example.orders." + tables.Schema
+	events := declareStream(name, "o-1:placed", "o-1:paid", "o-1:paid")
+	defer deleteStream(name)
+
+	c, err := consumer.New(consumer.Config{
+		Name:    "orders-projection",
+		Stream:  name,
+		Pool:    pool,
+		Tables:  tables,
+		AMQPURL: amqpURL(),
+		Logger:  slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return consumer.Defer(ctx, tx, `INSERT INTO `+tables.QuotedSchema()+`.events (stream_offset, body) VALUES ($1, $2)`,
+			m.Offset, string(m.Body))
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- stream.Run(runCtx, c) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for s := c.Stats(); s.Processed+s.Duplicates < int64(events); s = c.Stats() {
+		if time.Now().After(deadline) {
+			log.Fatalf("not settled in 30s: %+v", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	if err := <-ran; err != nil {
+		log.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT stream_offset, body FROM `+tables.QuotedSchema()+`.events ORDER BY stream_offset`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for rows.Next() {
+		var offset int64
+		var body string
+		if err := rows.Scan(&offset, &body); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(offset, body)
+	}
+	fmt.Println("duplicates:", c.Stats().Duplicates)
+	// Output:
+	// 0 o-1:placed
+	// 1 o-1:paid
+	// duplicates: 1
+}
+
+// declareStream creates a stream and publishes bodies to it, each with its
+// body as message id, and returns how many it published.
+func declareStream(name string, bodies ...string) int {
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": "stream"}); err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, b := range bodies {
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", name, true, false,
+			amqp.Publishing{MessageId: b, Body: []byte(b), DeliveryMode: amqp.Persistent, Timestamp: time.Now()})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if ok, err := c.WaitContext(ctx); !ok || err != nil {
+			log.Fatalf("publish %s: not confirmed (%v)", b, err)
+		}
+	}
+	return len(bodies)
+}
+
+func deleteStream(name string) {
+	conn, err := amqp.Dial(amqpURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
+// a fresh schema with an events table, and returns a function that drops it.
+func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
+	url := os.Getenv("IDEM_PG_URL")
+	if url == "" {
+		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	tables := idem.Tables{Schema: "example_stream_" + hex.EncodeToString(suffix[:])}
+	if _, err := migrate.Up(ctx, pool, tables); err != nil {
+		log.Fatal(err)
+	}
+	s := tables.QuotedSchema()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+s+`.events (stream_offset bigint PRIMARY KEY, body text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	return pool, tables, func() {
+		_, _ = pool.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")
+		pool.Close()
+	}
+}
+
+func amqpURL() string {
+	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
+		return u
+	}
+	return "amqp://guest:guest@127.0.0.1:5672/"
+}

@@ -1,0 +1,174 @@
+package docs_test
+
+// The guides' Go samples that are not part of a runnable example live here,
+// line for line, inside code that compiles against the real API
+// (TestGoSamplesInTheGuidesCompile finds them). The declarations around
+// each sample stand for what the guide's reader already has.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/health"
+	"github.com/idemkit/idem/inbox/httpinbox"
+	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/prommetrics"
+	"github.com/idemkit/idem/retention"
+)
+
+// docs/handlers.md: scheduling keys.
+func schedulingKeys(account func(*consumer.Message) string) consumer.Config {
+	var cfg consumer.Config
+	cfg.OrderingKey = func(m *consumer.Message) string { return account(m) }               // strict order per account
+	cfg.BusinessKey = func(m *consumer.Message) (string, error) { return account(m), nil } // affinity, stored in the inbox
+	return cfg
+}
+
+// docs/inbox.md: which id and which hash.
+func identity(pool *pgxpool.Pool, amqpURL string) (*consumer.Consumer, error) {
+	return consumer.New(consumer.Config{
+		Name:      "billing",
+		Queue:     "invoices",
+		Pool:      pool,
+		AMQPURL:   amqpURL,
+		MessageID: consumer.IDFromJSONField("invoiceId"), // or IDFromHeader("x-request-id"), IDFromPayloadHash
+		Hash:      consumer.HashCanonicalJSON,            // re-serialised JSON is the same payload
+	})
+}
+
+// docs/ledger.md: a custom executor and reconciler.
+type smsAPI interface {
+	Send(ctx context.Context, to string, body []byte, idempotencyKey string) error
+	Status(ctx context.Context, idempotencyKey string) (sent bool, err error)
+}
+
+var (
+	errRejected = errors.New("sms: rejected")
+	errNotSent  = errors.New("sms: not sent")
+)
+
+type smsGateway struct{ api smsAPI } // the provider's client
+
+func (g *smsGateway) Execute(ctx context.Context, call ledger.Call) (ledger.Result, error) {
+	err := g.api.Send(ctx, call.Target, call.Request, call.IdempotencyKey)
+	switch {
+	case err == nil:
+		return ledger.Result{Status: ledger.StatusSucceeded}, nil
+	case errors.Is(err, errRejected): // the provider refused the message for good
+		return ledger.Result{Status: ledger.StatusFailedTerminal}, err
+	case errors.Is(err, errNotSent): // refused before anything was sent
+		return ledger.Result{Status: ledger.StatusFailedRetryable}, err
+	default: // it may have been sent
+		return ledger.Result{Status: ledger.StatusUnknown}, err
+	}
+}
+
+func (g *smsGateway) DeduplicatesByKey() bool { return false }
+
+func (g *smsGateway) Lookup(ctx context.Context, call ledger.Call) (ledger.Result, error) {
+	sent, err := g.api.Status(ctx, call.IdempotencyKey)
+	if err != nil {
+		return ledger.Result{Status: ledger.StatusUnknown}, err // ask again later
+	}
+	if sent {
+		return ledger.Result{Status: ledger.StatusSucceeded}, nil
+	}
+	return ledger.Result{Status: ledger.StatusFailedRetryable}, nil // never arrived: send it again
+}
+
+var (
+	_ ledger.Executor   = (*smsGateway)(nil)
+	_ ledger.Reconciler = (*smsGateway)(nil)
+)
+
+// docs/http.md: the middleware in front of a payments endpoint.
+
+type authContext struct{}
+
+func (authContext) Tenant(ctx context.Context) string  { return "" }
+func (authContext) Subject(ctx context.Context) string { return "" }
+
+// auth stands for the application's authentication.
+var auth authContext
+
+type (
+	CreatePayment struct{ Amount int64 }
+	Payment       struct {
+		ID     string
+		Amount int64
+	}
+)
+
+func paymentsEndpoint(pool *pgxpool.Pool, mux *http.ServeMux) error {
+	m, err := httpinbox.New(pool, httpinbox.Config{
+		// Whose key is it? Taken from authentication, never from the request body or a free header.
+		Tenant: func(r *http.Request) string { return auth.Tenant(r.Context()) },
+		Caller: func(r *http.Request) string { return auth.Subject(r.Context()) },
+	})
+	mux.Handle("POST /payments", m.Handle(httpinbox.Route{Operation: "payments.create"},
+		func(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
+			var req CreatePayment
+			if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+				return httpinbox.Response{}, httpinbox.Invalid(err) // 400, not stored: fix and retry with the same key
+			}
+			id := "pay_" + httpinbox.FromContext(ctx).KeyID()[:24] // identity from the key, stable across retries
+			if _, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, $2)`, id, req.Amount); err != nil {
+				return httpinbox.Response{}, err // 500, rolled back, key released
+			}
+			// An outbox message or external call: record it in the same transaction.
+			// ledger.Record(ctx, tx, ledger.Effect{Type: "payment.capture", BusinessKey: id, …})
+			resp, err := httpinbox.JSON(http.StatusCreated, Payment{ID: id, Amount: req.Amount})
+			resp.ResourceID = id
+			return resp, err
+		}))
+	return err
+}
+
+func sharedScope(pool *pgxpool.Pool) (*httpinbox.Middleware, error) {
+	m, err := httpinbox.New(pool, httpinbox.Config{SharedScope: true}) // every caller shares one key space
+	return m, err
+}
+
+// docs/observability.md: serving Prometheus metrics from a worker.
+func metricsServer(metricsAddr *string, logger *slog.Logger) error {
+	metrics, err := prommetrics.Serve(*metricsAddr, logger) // "" leaves metrics off
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	return nil
+}
+
+// docs/operations.md: retention in-process, and the health probes.
+func cleanInProcess(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) {
+	go func() {
+		err := retention.Run(ctx, retention.Config{
+			Pool:      pool,
+			Tables:    tables,
+			OlderThan: 30 * 24 * time.Hour,
+			// Interval: time.Hour, Jitter: Interval/10, RoundTimeout: 15 * time.Minute (the defaults)
+		})
+		if err != nil {
+			log.Fatal(err) // an invalid Config or an OlderThan below the floor; nothing was cleaned
+		}
+	}()
+}
+
+func probes(ctx context.Context, dispatcher *ledger.Dispatcher, consumer *consumer.Consumer) {
+	go health.ListenAndServe(ctx, "0.0.0.0:8081", dispatcher, consumer)
+	// or mount health.Handler(dispatcher, consumer) on a mux of your own
+}
+
+// The samples above are compiled, never run; naming them here keeps the
+// compiler from calling them unused.
+var _ = []any{schedulingKeys, identity, paymentsEndpoint, sharedScope, metricsServer, cleanInProcess, probes}
