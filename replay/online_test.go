@@ -1,0 +1,364 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// reader polls the count of a table, as a dashboard would, until stopped,
+// and remembers what it saw.
+type reader struct {
+	polls, errs atomic.Int64
+	mu          sync.Mutex
+	firstErr    error
+	decreases   []string
+	stop        func()
+}
+
+// startReader polls `SELECT count(*) FROM table` in a loop.
+func (e *env) startReader(table string) *reader {
+	e.t.Helper()
+	r := &reader{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		last := int64(-1)
+		for ctx.Err() == nil {
+			var n int64
+			err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n)
+			if ctx.Err() != nil {
+				return
+			}
+			r.polls.Add(1)
+			r.mu.Lock()
+			switch {
+			case err != nil:
+				r.errs.Add(1)
+				if r.firstErr == nil {
+					r.firstErr = err
+				}
+			case n < last:
+				r.decreases = append(r.decreases, fmt.Sprintf("%d after %d", n, last))
+			}
+			r.mu.Unlock()
+			if err == nil {
+				last = n
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	r.stop = func() { cancel(); <-done }
+	e.t.Cleanup(r.stop)
+	return r
+}
+
+// requireNeverSawLess fails the test if the reader saw an error or fewer
+// rows than before.
+func (r *reader) requireNeverSawLess(t *testing.T) {
+	t.Helper()
+	r.stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NoError(t, r.firstErr, "the reader got an error (%d of %d polls)", r.errs.Load(), r.polls.Load())
+	require.Empty(t, r.decreases, "the reader saw fewer rows than before")
+	require.Greater(t, r.polls.Load(), int64(10))
+}
+
+// traffic publishes msgs(from, …) in chunks, as live producers do, until
+// stopped.
+type traffic struct {
+	quit chan struct{}
+	done chan error
+	next atomic.Int64 // the first message not published yet
+}
+
+// startTraffic publishes chunk messages every 10ms from message from on.
+func (e *env) startTraffic(from, chunk int) *traffic {
+	tr := &traffic{quit: make(chan struct{}), done: make(chan error, 1)}
+	tr.next.Store(int64(from))
+	go func() {
+		for i := from; ; i += chunk {
+			select {
+			case <-tr.quit:
+				tr.done <- nil
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := e.se.Publish(context.Background(), e.stream, msgs(i, i+chunk)); err != nil {
+				tr.done <- err
+				return
+			}
+			tr.next.Store(int64(i + chunk))
+		}
+	}()
+	return tr
+}
+
+// stop ends the traffic and returns the first message not published.
+func (tr *traffic) stop(t *testing.T) int {
+	t.Helper()
+	close(tr.quit)
+	require.NoError(t, <-tr.done)
+	return int(tr.next.Load())
+}
+
+// tail returns the stream's last offset.
+func (e *env) tail() int64 {
+	e.t.Helper()
+	tail, ok, err := e.se.Tail(context.Background(), e.stream)
+	require.NoError(e.t, err)
+	require.True(e.t, ok)
+	return tail
+}
+
+// table returns a checksum of a table's rows.
+func (e *env) table(name string) string {
+	e.t.Helper()
+	var n int64
+	var sum string
+	require.NoError(e.t, e.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
+		FROM `+e.tables.QuotedSchema()+`.`+name+` t`).Scan(&n, &sum))
+	return fmt.Sprintf("%d rows, md5 %s", n, sum)
+}
+
+// requireAppliedOnce checks the final tables of a stream of msgs(0, n)
+// (and maybe republished ones): every message applied once, by the rebuild
+// if it is at or before the hand-off, by the live consumer after it.
+func (e *env) requireAppliedOnce(n int, handoff int64) {
+	e.t.Helper()
+	require.Equal(e.t, expectedTotals(0, n), e.totals())
+	got := e.applied()
+	require.Len(e.t, got, n, "messages missing from the final tables")
+	for id, times := range got {
+		require.Equal(e.t, 1, times, "message %s applied %d times", id, times)
+	}
+	require.Zero(e.t, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied
+		WHERE (mode = 'rebuild') <> (substr(message_id, 3)::bigint <= $1)`, handoff),
+		"a message up to the hand-off was not applied by the rebuild, or one after it was")
+}
+
+func TestOnlineRebuildUnderLiveTrafficEqualsTheProjectionOfEveryEvent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	p := e.projection()
+	e.publish(msgs(0, 2000)...)
+	stopLive := e.startLive(e.consumer(&handler{e: e, proj: p}, nil))
+	e.waitCheckpoint("test", 1999)
+	s := e.tables.QuotedSchema()
+	readers := []*reader{e.startReader(s + ".applied"), e.startReader(s + ".totals")}
+
+	tr := e.startTraffic(2000, 50)
+	progress := &lockedWriter{}
+	sum, err := Run(ctx, e.consumer(&handler{e: e, proj: p, extra: true}, nil), Options{Mode: idem.Rebuild, Projection: p,
+		BatchSize: 200, Progress: progress, ProgressInterval: 5 * time.Millisecond})
+	require.NoError(t, err)
+	// Live traffic went on through the swap.
+	time.Sleep(100 * time.Millisecond)
+	n := tr.stop(t)
+	require.Greater(t, int64(n-1), sum.Handoff, "the swap happened after the traffic")
+	// Messages published again after the swap are duplicates for the live
+	// consumer: the rebuild handed its inbox over.
+	e.publish(msgs(1990, 2010)...)
+	e.waitCheckpoint("test", e.tail())
+	stopLive()
+	for _, r := range readers {
+		r.requireNeverSawLess(t)
+	}
+
+	require.True(t, sum.Swapped)
+	require.GreaterOrEqual(t, sum.Handoff, int64(1999))
+	require.Positive(t, sum.Pause)
+	e.requireAppliedOnce(n, sum.Handoff)
+	out := progress.String()
+	require.Contains(t, out, "building")
+	require.Contains(t, out, "behind the live consumer")
+	require.Contains(t, out, fmt.Sprintf("swapped at offset %d", sum.Handoff))
+	require.Zero(t, e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE '%idem_rebuild'`, e.tables.Schema),
+		"a shadow table is left")
+	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("inbox")+` WHERE consumer = $1`, rebuildScope("test", sum.RunID)),
+		"the rebuild's inbox rows are left after the hand-over")
+	require.Equal(t, 5, e.count(`SELECT count(*) FROM `+e.tables.Table("ledger")+` WHERE effect_type = 'welcome' AND status = 'suppressed'`),
+		"the new handler's effects for history are suppressed")
+	require.Equal(t, "finished", e.runStatus(sum.RunID))
+}
+
+// interrupt sets up o and h so that a rebuild dies in phase, with the live
+// worker of e running; it returns the first message not yet published.
+func interrupt(e *env, phase string, o *Options, h *handler, kill func()) int {
+	var applied atomic.Int64
+	switch phase {
+	case phaseBuilding:
+		h.onApply = func() {
+			if applied.Add(1) == 230 {
+				kill()
+			}
+		}
+		return 500
+	case phaseCatchingUp:
+		// The live worker moves on during the first pass; the rebuild dies
+		// in its second.
+		h.onApply = func() {
+			switch applied.Add(1) {
+			case 10:
+				e.publish(msgs(500, 800)...)
+			case 400:
+				e.waitCheckpoint("test", 799)
+			case 650:
+				kill()
+			}
+		}
+		return 800
+	default:
+		o.beforeSwapCommit = func(context.Context) error { return errors.New("the process dies in the swap") }
+		return 500
+	}
+}
+
+func TestInterruptedRebuildLeavesTheLiveTableServingAndResumes(t *testing.T) {
+	t.Parallel()
+	for _, phase := range []string{phaseBuilding, phaseCatchingUp, phaseSwapping} {
+		t.Run(phase, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			p := e.projection()
+			e.publish(msgs(0, 500)...)
+			stopLive := e.startLive(e.consumer(&handler{e: e, proj: p}, nil))
+			e.waitCheckpoint("test", 499)
+			before := [2]string{e.table("totals"), e.table("applied")}
+
+			ctx, kill := context.WithCancel(context.Background())
+			defer kill()
+			id := "run-" + phase
+			progress := &lockedWriter{}
+			o := Options{Mode: idem.Rebuild, Projection: p, BatchSize: 50, RunID: id, Progress: progress, ProgressInterval: time.Hour}
+			h := &handler{e: e, proj: p}
+			next := interrupt(e, phase, &o, h, kill)
+			_, err := Run(ctx, e.consumer(h, nil), o)
+			require.ErrorContains(t, err, "resume with run id "+id)
+			require.Contains(t, progress.String(), "rebuild "+e.stream+": "+phase, "the run died in another phase")
+			if phase != phaseCatchingUp {
+				require.Equal(t, before, [2]string{e.table("totals"), e.table("applied")}, "the live tables changed")
+			}
+			require.Equal(t, expectedTotals(0, next), e.totals(), "the live table is consistent")
+			require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied WHERE mode <> ''`))
+			require.Equal(t, "running", e.runStatus(id))
+
+			// The live worker was never held for good: it goes on.
+			e.publish(msgs(next, next+50)...)
+			e.waitCheckpoint("test", int64(next+49))
+
+			s, err := Run(context.Background(), e.consumer(&handler{e: e, proj: p}, nil),
+				Options{Mode: idem.Rebuild, Projection: p, BatchSize: 50, RunID: id})
+			require.NoError(t, err)
+			require.True(t, s.Resumed)
+			require.True(t, s.Swapped)
+			require.EqualValues(t, next+49, s.Handoff)
+			e.publish(msgs(next+50, next+100)...)
+			e.waitCheckpoint("test", int64(next+99))
+			stopLive()
+			e.requireAppliedOnce(next+100, s.Handoff)
+		})
+	}
+}
+
+func TestAbandonedRebuildDropsItsShadowAndLeavesTheLiveProjection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.projection()
+	e.publish(msgs(0, 300)...)
+	e.runLive(e.consumer(&handler{e: e, proj: p}, nil), 299)
+	before := [2]string{e.table("totals"), e.table("applied")}
+	ctx, kill := context.WithCancel(context.Background())
+	defer kill()
+	var applied atomic.Int64
+	h := &handler{e: e, proj: p, onApply: func() {
+		if applied.Add(1) == 100 {
+			kill()
+		}
+	}}
+	_, err := Run(ctx, e.consumer(h, nil), Options{Mode: idem.Rebuild, Projection: p, BatchSize: 50, RunID: "run-a"})
+	require.Error(t, err)
+
+	// Another rebuild may not start while this one keeps its shadows.
+	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p})
+	require.ErrorIs(t, err, ErrRebuildPending)
+	require.ErrorContains(t, err, "run-a")
+
+	require.NoError(t, Abandon(context.Background(), e.pool, e.tables, "run-a"))
+	require.Equal(t, before, [2]string{e.table("totals"), e.table("applied")})
+	require.Equal(t, "abandoned", e.runStatus("run-a"))
+	require.Zero(t, e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE '%idem_rebuild'`, e.tables.Schema))
+	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("inbox")+` WHERE consumer = $1`, rebuildScope("test", "run-a")))
+	require.NoError(t, Abandon(context.Background(), e.pool, e.tables, "run-a"), "abandoning again finishes the clean-up")
+	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p, RunID: "run-a"})
+	require.ErrorIs(t, err, ErrRunMismatch, "an abandoned run does not resume")
+	runs, err := ListRuns(context.Background(), e.pool, e.tables, RunFilter{})
+	require.NoError(t, err)
+	require.True(t, runs[0].Abandoned)
+	require.Equal(t, []string{"totals", "applied"}, runs[0].Tables)
+
+	s, err := Run(context.Background(), e.consumer(&handler{e: e, proj: p}, nil), Options{Mode: idem.Rebuild, Projection: p})
+	require.NoError(t, err, "a new rebuild starts after the abandon")
+	require.True(t, s.Swapped)
+	e.requireAppliedOnce(300, 299)
+}
+
+func TestOnlineRebuildRefusesATableOtherObjectsDependOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.projection()
+	_, err := e.pool.Exec(context.Background(), `CREATE VIEW `+e.tables.QuotedSchema()+`.big AS SELECT * FROM `+
+		e.tables.QuotedSchema()+`.totals WHERE sum > 100`)
+	require.NoError(t, err)
+	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+	require.ErrorContains(t, err, "view")
+	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("replay_runs")))
+	require.Zero(t, e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE '%idem_rebuild'`, e.tables.Schema))
+}
+
+func TestSwappedTablesKeepTheirIndexNamesGrantsAndConstraints(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := e.projection()
+	ctx := context.Background()
+	role := e.tables.Schema + "_reader"
+	s := e.tables.QuotedSchema()
+	_, err := e.pool.Exec(ctx, `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+`;
+		GRANT SELECT ON `+s+`.totals TO `+pgx.Identifier{role}.Sanitize()+`;
+		CREATE INDEX applied_message_idx ON `+s+`.applied (message_id);
+		ALTER TABLE `+s+`.totals ADD CONSTRAINT sum_positive CHECK (sum >= 0)`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = e.pool.Exec(context.Background(), `DROP OWNED BY `+pgx.Identifier{role}.Sanitize()+`; DROP ROLE `+pgx.Identifier{role}.Sanitize())
+	})
+	e.publish(msgs(0, 20)...)
+	e.runLive(e.consumer(&handler{e: e, proj: p}, nil), 19)
+	list := func() string {
+		var out string
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT string_agg(indexname, ',' ORDER BY indexname) || ' / ' ||
+			(SELECT string_agg(conname, ',' ORDER BY conname) FROM pg_constraint WHERE conrelid = $2::regclass) || ' / ' ||
+			has_table_privilege($3, $2, 'SELECT')::text
+			FROM pg_indexes WHERE schemaname = $1 AND tablename IN ('totals', 'applied')`, e.tables.Schema, s+".totals", role).Scan(&out))
+		return out
+	}
+	before := list()
+	require.Contains(t, before, "applied_message_idx,totals_pkey / sum_positive,totals_pkey / true")
+	s2, err := Run(ctx, e.consumer(&handler{e: e, proj: p}, nil), Options{Mode: idem.Rebuild, Projection: p})
+	require.NoError(t, err)
+	require.True(t, s2.Swapped)
+	require.Equal(t, before, list())
+	e.requireAppliedOnce(20, 19)
+}
