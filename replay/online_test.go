@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
 )
 
 // reader polls the count of a table, as a dashboard would, until stopped,
@@ -361,4 +362,62 @@ func TestSwappedTablesKeepTheirIndexNamesGrantsAndConstraints(t *testing.T) {
 	require.True(t, s2.Swapped)
 	require.Equal(t, before, list())
 	e.requireAppliedOnce(20, 19)
+}
+
+func TestSwapHandsTheLiveScopeExactlyTheMessagesTheRebuiltTablesHold(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r := &runner{pool: e.pool, tables: e.tables, cfg: consumer.Config{Name: "test"}, o: Options{Stream: "s"},
+		row: &run{id: "r1"}}
+	own := rebuildScope("test", "r1")
+	ib := e.tables.Table("inbox")
+	insert := func(scope, id string, offset int64, hash byte, source string) {
+		h := make([]byte, 32)
+		h[0] = hash
+		_, err := e.pool.Exec(ctx, `INSERT INTO `+ib+` (consumer, message_id, payload_hash, source, stream_offset) VALUES ($1, $2, $3, $4, $5)`,
+			scope, id, h, source, offset)
+		require.NoError(t, err)
+	}
+	// The rebuild is at offset 10 when the swap prepares; it applies 11 and
+	// 12 in the pause. Retention made the live scope forget offsets up to 3.
+	for i := int64(0); i <= 12; i++ {
+		id := fmt.Sprintf("m-%d", i)
+		switch i {
+		case 2: // forgotten by the live scope, below the horizon: stays forgotten
+			insert(own, id, i, 1, "s")
+		case 5, 11: // applied by the rebuild only
+			insert(own, id, i, 1, "s")
+		case 6, 12: // applied live only (the rebuild started after it, say)
+			insert("test", id, i, 1, "s")
+		case 7: // another payload under the id
+			insert("test", id, i, 1, "s")
+			insert(own, id, i, 2, "s")
+		default:
+			insert("test", id, i, 1, "s")
+			insert(own, id, i, 1, "s")
+		}
+	}
+	insert("test", "other-stream", 6, 1, "elsewhere") // not the rebuild's business
+	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.tables.Table("inbox_horizons")+` (consumer, source, forgotten_offset, forgotten_received_at)
+		VALUES ('test', 's', 3, now())`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `INSERT INTO `+e.tables.Table("checkpoints")+` (consumer, stream, last_offset) VALUES ($1, 's', 10)`,
+		runScope("test", "r1"))
+	require.NoError(t, err)
+
+	diff, err := r.diffInbox(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, diff.upTo)
+	require.ElementsMatch(t, []string{"m-6"}, diff.forget)
+	require.ElementsMatch(t, []string{"m-5", "m-7"}, diff.learn)
+	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		return r.mergeInbox(ctx, tx, diff, []string{"m-11", "m-12"})
+	}))
+	rows, err := e.pool.Query(ctx, `SELECT message_id || ':' || get_byte(payload_hash, 0) FROM `+ib+` WHERE consumer = 'test' ORDER BY 1`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"m-0:1", "m-1:1", "m-3:1", "m-4:1", "m-5:1", "m-7:2", "m-8:1", "m-9:1", "m-10:1", "m-11:1",
+		"other-stream:1"}, got, "m-2 stays forgotten, m-6 and m-12 are forgotten, m-5 and m-11 learnt, m-7 takes the rebuild's payload")
 }

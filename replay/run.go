@@ -104,6 +104,10 @@ type runner struct {
 	*tally // what progress shows: settled, first, last, end, phase, pause
 
 	main, catchUp *segment // how messages are processed; see segments
+
+	// seen, when set, receives the records read before they are processed
+	// (the swap notes the ids of the messages it applies in its pause).
+	seen func(recs []streamio.Record)
 }
 
 // errEnd stops a read that reached the run's fixed end.
@@ -402,6 +406,9 @@ func (r *runner) read(ctx context.Context, from Position, end int64) error {
 		n := len(recs)
 		for n > 0 && recs[n-1].Offset > end {
 			n--
+		}
+		if n > 0 && r.seen != nil {
+			r.seen(recs[:n])
 		}
 		if n > 0 {
 			if err := r.batch(ctx, recs[:n]); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/shadow"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/streamio"
 )
 
 // errSwapAgain postpones a swap that could not complete now: the live
@@ -53,6 +54,10 @@ func (r *runner) swapIn(ctx context.Context) error {
 		cancel()
 	}()
 	r.setPhase(phaseSwapping)
+	diff, err := r.diffInbox(ctx)
+	if err != nil {
+		return err
+	}
 	limit := r.pauseLimit()
 	if err := setLocal(ctx, tx, "lock_timeout", r.cfg.HandlerTimeout+r.cfg.CommitTimeout); err != nil {
 		return err
@@ -65,13 +70,15 @@ func (r *runner) swapIn(ctx context.Context) error {
 		return postpone("wait for the live batch in flight", err)
 	}
 	paused := time.Now()
-	live, err := r.catchUpPaused(ctx, tx, limit)
+	live, delta, err := r.catchUpPaused(ctx, tx, diff.upTo, limit)
 	if err != nil {
 		return err
 	}
-	if err := r.handOver(ctx, tx, live); err != nil {
+	caughtUp := time.Now()
+	if err := r.handOver(ctx, tx, live, diff, delta); err != nil {
 		return err
 	}
+	r.log.Debug("swap", "final_messages", live-diff.upTo, "catch_up", caughtUp.Sub(paused), "hand_over", time.Since(caughtUp))
 	if r.o.beforeSwapCommit != nil {
 		if err := r.o.beforeSwapCommit(ctx); err != nil {
 			return err
@@ -105,46 +112,54 @@ func postpone(what string, err error) error {
 }
 
 // catchUpPaused applies, while the gate holds the live consumer, the
-// messages it committed since the last catch-up, and returns its
-// checkpoint: where the rebuilt tables hand over.
-func (r *runner) catchUpPaused(ctx context.Context, tx pgx.Tx, limit time.Duration) (int64, error) {
+// messages it committed after upTo, the rebuild's position before the
+// pause, and returns its checkpoint — where the rebuilt tables hand over —
+// with the ids of the messages applied.
+func (r *runner) catchUpPaused(ctx context.Context, tx pgx.Tx, upTo int64, limit time.Duration) (int64, []string, error) {
 	live, ok, err := store.Checkpoint(ctx, tx, r.tables, r.cfg.Name, r.o.Stream)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if !ok {
 		live = -1
 	}
 	r.end.Store(live)
-	done, err := r.applied(ctx, tx)
-	if err != nil || done == live {
-		return live, err
+	switch done, err := r.applied(ctx, tx); {
+	case err != nil:
+		return 0, nil, err
+	case done != upTo:
+		return 0, nil, fmt.Errorf("replay: swap: the rebuild moved from %d to %d outside the swap", upTo, done)
+	case live == done:
+		return live, nil, nil
+	case live < done:
+		return 0, nil, fmt.Errorf("replay: the live consumer's checkpoint went back to %d, before the rebuild's %d", live, done)
 	}
-	if live < done {
-		return 0, fmt.Errorf("replay: the live consumer's checkpoint went back to %d, before the rebuild's %d", live, done)
+	var ids []string
+	r.seen = func(recs []streamio.Record) {
+		for _, it := range r.sc.Prepare(streamio.Raws(r.o.Stream, recs, time.Now())) {
+			ids = append(ids, it.ID)
+		}
 	}
+	defer func() { r.seen = nil }()
 	pctx, cancel := context.WithTimeout(ctx, limit)
-	err = r.read(pctx, r.resumeAt(done), live)
+	err = r.read(pctx, r.resumeAt(upTo), live)
 	cancel()
 	if err != nil && ctx.Err() == nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
-		return 0, fmt.Errorf("%w: the final %d messages took longer than %s", errSwapAgain, live-done, limit)
+		return 0, nil, fmt.Errorf("%w: the final %d messages took longer than %s", errSwapAgain, live-upTo, limit)
 	}
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	if done, err = r.applied(ctx, tx); err != nil {
-		return 0, err
+	if done, err := r.applied(ctx, tx); err != nil || done != live {
+		return 0, nil, errors.Join(err, fmt.Errorf("replay: swap: the rebuild applied up to %d, not the live checkpoint %d", done, live))
 	}
-	if done != live {
-		return 0, fmt.Errorf("replay: swap: the rebuild applied up to %d, not the live checkpoint %d", done, live)
-	}
-	return live, nil
+	return live, ids, nil
 }
 
 // handOver, in the swap transaction, gives the live consumer the rebuild's
 // inbox and parked events, swaps the tables and finishes the run.
-func (r *runner) handOver(ctx context.Context, tx pgx.Tx, live int64) error {
-	if err := r.mergeInbox(ctx, tx); err != nil {
+func (r *runner) handOver(ctx context.Context, tx pgx.Tx, live int64, diff inboxDiff, delta []string) error {
+	if err := r.mergeInbox(ctx, tx, diff, delta); err != nil {
 		return err
 	}
 	if err := r.moveParked(ctx, tx); err != nil {
@@ -159,44 +174,104 @@ func (r *runner) handOver(ctx context.Context, tx pgx.Tx, live int64) error {
 	return r.finishRun(ctx, tx, &live)
 }
 
-// Hand the inbox over: the live scope must know exactly the messages the
+// The inbox hand-over: the live scope must know exactly the messages the
 // rebuilt tables applied, so that a message delivered again after the swap
 // is a duplicate if and only if the new tables hold it. Rows the inbox
 // retention made the live scope forget (at or below its horizon) stay
 // forgotten.
+//
+// Comparing the scopes reads every row, so it runs before the pause, for
+// the messages up to the rebuild's position, which neither scope claims
+// again: forgetDiffSQL lists the live rows the rebuild did not apply,
+// learnDiffSQL the rebuild's rows the live scope lacks or holds with
+// another payload. In the pause, forgetSQL and learnSQL apply those lists
+// and the messages of the final catch-up, by id.
 const (
-	forgetSQL = `DELETE FROM %[1]s AS l WHERE l.consumer = $1 AND l.source = $3
+	forgetDiffSQL = `SELECT l.message_id FROM %[1]s AS l
+WHERE l.consumer = $1 AND l.source = $3 AND l.stream_offset <= $4
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
+	learnDiffSQL = `SELECT s.message_id FROM %[1]s AS s
+WHERE s.consumer = $2 AND s.stream_offset <= $3 AND s.stream_offset > $4
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS l
+		WHERE l.consumer = $1 AND l.message_id = s.message_id AND l.payload_hash = s.payload_hash)`
+	forgetSQL = `DELETE FROM %[1]s AS l WHERE l.consumer = $1 AND l.message_id = ANY($3::text[])
 	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
 	learnSQL = `INSERT INTO %[1]s AS l (consumer, message_id, payload_hash, business_key, source, stream_offset, received_at)
 SELECT $1, s.message_id, s.payload_hash, s.business_key, s.source, s.stream_offset, s.received_at
 FROM %[1]s AS s
-WHERE s.consumer = $2 AND (s.stream_offset IS NULL OR s.stream_offset > $3)
+WHERE s.consumer = $2 AND s.message_id = ANY($3::text[]) AND (s.stream_offset IS NULL OR s.stream_offset > $4)
 	AND NOT EXISTS (SELECT 1 FROM %[1]s AS x
 		WHERE x.consumer = $1 AND x.message_id = s.message_id AND x.payload_hash = s.payload_hash)
 ON CONFLICT (consumer, message_id) DO UPDATE SET payload_hash = EXCLUDED.payload_hash,
 	business_key = EXCLUDED.business_key, source = EXCLUDED.source, stream_offset = EXCLUDED.stream_offset`
 )
 
-// mergeInbox makes the live inbox scope hold what the rebuild's holds.
-func (r *runner) mergeInbox(ctx context.Context, tx pgx.Tx) error {
+// inboxDiff is the inbox hand-over prepared before the pause: the
+// differences between the scopes up to offset upTo.
+type inboxDiff struct {
+	upTo          int64
+	forget, learn []string
+}
+
+// diffInbox compares the scopes up to the rebuild's position.
+func (r *runner) diffInbox(ctx context.Context) (inboxDiff, error) {
+	d := inboxDiff{}
+	var err error
+	if d.upTo, err = r.applied(ctx, r.pool); err != nil {
+		return d, err
+	}
+	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
+	if d.forget, err = r.ids(ctx, fmt.Sprintf(forgetDiffSQL, table), r.cfg.Name, own, r.o.Stream, d.upTo); err != nil {
+		return d, err
+	}
+	horizon, err := r.horizon(ctx, r.pool)
+	if err != nil {
+		return d, err
+	}
+	d.learn, err = r.ids(ctx, fmt.Sprintf(learnDiffSQL, table), r.cfg.Name, own, d.upTo, horizon)
+	return d, err
+}
+
+// horizon returns the highest offset retention made the live scope
+// forget, -1 for none.
+func (r *runner) horizon(ctx context.Context, q inbox.Querier) (int64, error) {
 	ib, err := inbox.New(inbox.Config{Tables: r.tables})
 	if err != nil {
-		return fmt.Errorf("replay: %w", err)
+		return 0, fmt.Errorf("replay: %w", err)
 	}
-	h, forgot, err := ib.Horizon(ctx, tx, r.cfg.Name, r.o.Stream)
+	h, forgot, err := ib.Horizon(ctx, q, r.cfg.Name, r.o.Stream)
+	if err != nil || !forgot || h.Offset == nil {
+		return -1, err
+	}
+	return *h.Offset, nil
+}
+
+// ids runs a query that lists message ids.
+func (r *runner) ids(ctx context.Context, sql string, args ...any) ([]string, error) {
+	rows, err := r.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
+	}
+	return ids, nil
+}
+
+// mergeInbox makes the live inbox scope hold what the rebuild's holds: the
+// differences found before the pause, and those among the messages the
+// pause applied.
+func (r *runner) mergeInbox(ctx context.Context, tx pgx.Tx, d inboxDiff, delta []string) error {
+	horizon, err := r.horizon(ctx, tx)
 	if err != nil {
 		return err
 	}
-	horizon := int64(-1)
-	if forgot && h.Offset != nil {
-		horizon = *h.Offset
-	}
-	table := r.tables.Table("inbox")
-	own := rebuildScope(r.cfg.Name, r.row.id)
-	if _, err := tx.Exec(ctx, fmt.Sprintf(forgetSQL, table), r.cfg.Name, own, r.o.Stream); err != nil {
-		return fmt.Errorf("replay: swap: hand the inbox over: %w", err)
-	}
-	if _, err := tx.Exec(ctx, fmt.Sprintf(learnSQL, table), r.cfg.Name, own, horizon); err != nil {
+	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
+	b := &pgx.Batch{}
+	b.Queue(fmt.Sprintf(forgetSQL, table), r.cfg.Name, own, append(d.forget, delta...))
+	b.Queue(fmt.Sprintf(learnSQL, table), r.cfg.Name, own, append(d.learn, delta...), horizon)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("replay: swap: hand the inbox over: %w", err)
 	}
 	return nil
