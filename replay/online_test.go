@@ -316,18 +316,29 @@ func TestAbandonedRebuildDropsItsShadowAndLeavesTheLiveProjection(t *testing.T) 
 	e.requireAppliedOnce(300, 299)
 }
 
-func TestOnlineRebuildRefusesATableOtherObjectsDependOn(t *testing.T) {
+func TestOnlineRebuildRefusesATableItsSwapCouldNotReplaceWhole(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	p := e.projection()
-	_, err := e.pool.Exec(context.Background(), `CREATE VIEW `+e.tables.QuotedSchema()+`.big AS SELECT * FROM `+
-		e.tables.QuotedSchema()+`.totals WHERE sum > 100`)
-	require.NoError(t, err)
-	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p})
-	require.ErrorIs(t, err, ErrInvalidOptions)
-	require.ErrorContains(t, err, "view")
-	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("replay_runs")))
-	require.Zero(t, e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE '%idem_rebuild'`, e.tables.Schema))
+	for what, ddl := range map[string]string{
+		"view":        `CREATE VIEW %[1]s.big AS SELECT * FROM %[1]s.totals WHERE sum > 100`,
+		"foreign key": `CREATE TABLE %[1]s.notes (key text REFERENCES %[1]s.totals (key))`,
+		"trigger": `CREATE FUNCTION %[1]s.noop() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NEW; END';
+			CREATE TRIGGER noop BEFORE INSERT ON %[1]s.totals FOR EACH ROW EXECUTE FUNCTION %[1]s.noop()`,
+		"serial": `ALTER TABLE %[1]s.applied ADD COLUMN id serial`,
+		"itself": `ALTER TABLE %[1]s.totals ADD COLUMN parent text REFERENCES %[1]s.totals (key)`,
+	} {
+		t.Run(what, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			_, err := e.pool.Exec(context.Background(), fmt.Sprintf(ddl, e.tables.QuotedSchema()))
+			require.NoError(t, err)
+			_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: e.projection()})
+			require.ErrorIs(t, err, ErrInvalidOptions)
+			require.ErrorContains(t, err, map[string]string{"view": "rule _RETURN on view", "foreign key": "constraint notes_key_fkey",
+				"trigger": "trigger noop", "serial": "default value for column id", "itself": "foreign key to itself"}[what])
+			require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("replay_runs")))
+			require.Zero(t, e.count(`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename LIKE '%idem_rebuild'`, e.tables.Schema))
+		})
+	}
 }
 
 func TestSwappedTablesKeepTheirIndexNamesGrantsAndConstraints(t *testing.T) {

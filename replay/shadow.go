@@ -64,6 +64,35 @@ func (s shadowSet) create(ctx context.Context, tx pgx.Tx) error {
 		if err := dependents(ctx, tx, s.live(t)); err != nil {
 			return err
 		}
+		if err := uncopied(ctx, tx, s.live(t)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// uncopiedSQL lists what a shadow would lose: triggers, row-level security
+// and its policies, rules (LIKE copies none of them).
+const uncopiedSQL = `SELECT 'trigger ' || tgname FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal
+UNION ALL SELECT 'policy ' || polname FROM pg_policy WHERE polrelid = $1::regclass
+UNION ALL SELECT 'row-level security' FROM pg_class WHERE oid = $1::regclass AND relrowsecurity
+UNION ALL SELECT 'rule ' || rulename FROM pg_rules WHERE (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass = $1::regclass
+ORDER BY 1`
+
+// uncopied refuses a table with what a shadow would not have: the swap
+// would drop it with the live table.
+func uncopied(ctx context.Context, tx pgx.Tx, live string) error {
+	rows, err := tx.Query(ctx, uncopiedSQL, live)
+	if err != nil {
+		return fmt.Errorf("replay: inspect %s: %w", live, err)
+	}
+	lost, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("replay: inspect %s: %w", live, err)
+	}
+	if len(lost) > 0 {
+		return invalid("%s has %s, which an online rebuild does not copy to its shadow and the swap would drop: "+
+			"rebuild in place", live, strings.Join(lost, ", "))
 	}
 	return nil
 }
