@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/pglock"
 )
 
 // reader polls the count of a table, as a dashboard would, until stopped,
@@ -296,6 +297,13 @@ func TestAbandonedRebuildDropsItsShadowAndLeavesTheLiveProjection(t *testing.T) 
 	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p})
 	require.ErrorIs(t, err, ErrRebuildPending)
 	require.ErrorContains(t, err, "run-a")
+	// While a process runs it, it is neither resumed nor abandoned elsewhere.
+	lock, err := pglock.Acquire(context.Background(), e.pool, rebuildLockKey(e.tables, "test", e.stream), pglock.Config{Logger: testLogger()})
+	require.NoError(t, err)
+	_, err = Run(context.Background(), e.consumer(nil, nil), Options{Mode: idem.Rebuild, Projection: p, RunID: "run-a"})
+	require.ErrorIs(t, err, ErrRebuildRunning)
+	require.ErrorIs(t, Abandon(context.Background(), e.pool, e.tables, "run-a"), ErrRebuildRunning)
+	require.NoError(t, lock.Release(context.Background()))
 
 	require.NoError(t, Abandon(context.Background(), e.pool, e.tables, "run-a"))
 	require.Equal(t, before, [2]string{e.table("totals"), e.table("applied")})

@@ -16,6 +16,12 @@
 // dead-lettered with reason max_attempts. The checkpoint never passes a
 // message that is not settled, so a reader that takes over resumes exactly
 // where the last committed batch ended.
+//
+// A rebuild (package replay) may replace the projection's tables while the
+// reader runs: each batch transaction begins by taking the consumer's swap
+// gate, a PostgreSQL advisory lock, in shared mode, so the swap waits for
+// the batch in flight and the next batch waits for the swap, then writes to
+// the rebuilt tables, from the same checkpoint.
 package stream
 
 import (
