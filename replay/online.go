@@ -221,6 +221,12 @@ func (r *runner) build(ctx context.Context, done int64) error {
 			r.setPhase(phaseCatchingUp)
 			continue
 		}
+		if attempt == 0 {
+			// Plan the first queries on the swapped-in tables well.
+			if err := r.shadows(r.row).analyze(ctx, r.pool); err != nil {
+				return err
+			}
+		}
 		attempt++
 		err = r.swapIn(ctx)
 		if !errors.Is(err, errSwapAgain) || attempt >= swapAttempts {
