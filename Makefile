@@ -43,3 +43,4 @@ bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 3 ./inbox/httpinbox/
 	$(GO) test -run '^$$' -bench RawRead -benchtime 5x -count 3 ./internal/streamio
 	$(GO) test -run '^$$' -bench Replay -benchtime 3x ./replay
+	$(GO) test -run '^$$' -bench RebuildOf100k -benchtime 1x ./examples/orders

@@ -109,10 +109,6 @@ func isPublicDir(dir string) bool {
 	return true
 }
 
-// tutorialsElsewhere are packages whose tutorial is written on another
-// branch, which brings it to the same standard when it merges.
-var tutorialsElsewhere = map[string]bool{"replay": true}
-
 // A package's godoc is where its users start: a tutorial in doc.go, at
 // least 25 lines, with headings to navigate it.
 func TestEveryPublicPackageHasATutorial(t *testing.T) {
@@ -121,9 +117,6 @@ func TestEveryPublicPackageHasATutorial(t *testing.T) {
 		t.Fatalf("found %d public packages; the walk is broken", len(pkgs))
 	}
 	for _, p := range pkgs {
-		if tutorialsElsewhere[p.dir] {
-			continue
-		}
 		want := filepath.ToSlash(filepath.Join(p.dir, "doc.go"))
 		if len(p.docFiles) != 1 || p.docFiles[0] != want {
 			t.Errorf("package %s: its package comment belongs in %s alone, found it in %v", p.dir, want, p.docFiles)

@@ -12,6 +12,7 @@ import (
 	"log"
 	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,10 +20,13 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/projection"
 	"github.com/idemkit/idem/prommetrics"
+	"github.com/idemkit/idem/replay"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -172,3 +176,54 @@ func probes(ctx context.Context, dispatcher *ledger.Dispatcher, consumer *consum
 // The samples above are compiled, never run; naming them here keeps the
 // compiler from calling them unused.
 var _ = []any{schedulingKeys, identity, paymentsEndpoint, sharedScope, metricsServer, cleanInProcess, probes}
+
+// docs/streams.md and the projection package: a stream consumer, a declared
+// projection, an online rebuild and a version guard.
+type orderEvent struct {
+	OrderID string
+	Version int
+	Status  string
+}
+
+func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project consumer.Handler, tx pgx.Tx,
+	id, status string, version int, upsert func(context.Context, pgx.Tx, orderEvent) error, ev orderEvent) error {
+	c, err := consumer.New(consumer.Config{Name: "orders-overview", Stream: "orders.events", Pool: pool, AMQPURL: url})
+	c.Handle(project)
+	err = stream.Run(ctx, c) // until ctx is cancelled
+
+	overview, err := projection.New(projection.Config{
+		Name:   "order_overview", // metrics, parked events, rebuild runs
+		Schema: "orders",
+		Tables: []string{"order_overview"}, // every table the handler writes
+	})
+	{
+		overview, err := projection.New(projection.Config{
+			Name:   "order_overview",
+			Schema: "orders",
+			Tables: []string{"order_overview"},
+		})
+		_, _ = overview, err
+	}
+	{
+		_, err := tx.Exec(ctx, `INSERT INTO `+overview.Table(ctx, "order_overview")+` (order_id, status, version)
+	VALUES ($1, $2, $3) ON CONFLICT (order_id) DO UPDATE SET …`, id, status, version)
+		_ = err
+	}
+	s, err := replay.Run(ctx, c, replay.Options{Mode: idem.Rebuild, Projection: overview, Progress: os.Stderr})
+	_ = s
+
+	type event = orderEvent
+	guard, err := projection.NewGuard(projection.GuardConfig[event]{
+		Projection: overview, Table: "order_overview", KeyColumn: "order_id", VersionColumn: "version",
+		Gaps:    projection.GapApply,
+		Tables:  idem.Tables{Schema: "orders"}, // the consumer's Config.Tables
+		Key:     func(ev event) string { return ev.OrderID },
+		Version: func(ev event) int64 { return int64(ev.Version) },
+		Apply:   upsert, // writes ev, including its version, with overview.Table(ctx, …)
+	})
+
+	// in the handler:
+	decision, err := guard.Handle(ctx, tx, ev) // projection.Applied, Stale or Parked
+	_ = decision
+	return err
+}

@@ -7,15 +7,15 @@
 //
 //   - idem.Normal behaves like the live consumer: the live inbox scope skips
 //     what was processed, new effects are dispatched.
-//   - idem.Rebuild rebuilds a projection: Options.Reset runs first (truncate
-//     the projection), the inbox scope is private to the run, effects are
-//     recorded as suppressed and never dispatched. It holds the live
-//     consumer's stream lock, so live reading pauses, and at the end moves
-//     the live consumer's checkpoint to the run's end (the hand-off):
-//     live consumption continues after it, without gap or overlap.
-//     Messages past the live checkpoint, which the live consumer never
-//     processed, are caught up the way it would have: live inbox scope,
-//     effects dispatched.
+//   - idem.Rebuild rebuilds a projection, with effects recorded as
+//     suppressed and never dispatched and an inbox scope private to the
+//     run. With Options.Projection it runs online, beside the live
+//     consumer (below). Without it, it runs in place: Options.Reset runs
+//     first (truncate the projection), it holds the live consumer's stream
+//     lock, so live reading pauses, and at the end moves the live
+//     consumer's checkpoint to the run's end (the hand-off). Messages past
+//     the live checkpoint are caught up the way the live consumer would
+//     have: live inbox scope, effects dispatched.
 //   - idem.Forensic writes nothing: READ ONLY transactions, always rolled
 //     back; the inbox is looked up, handlers run (and fail if they write),
 //     effects are captured in memory; a JSON-lines report (ReportLine,
@@ -27,6 +27,45 @@
 //     each leaving an audit row (run id, operator, reason, outcome).
 //     Effects stay deduplicated by effect id unless Options.Redispatch asks
 //     for the failed and unknown ones to be sent again.
+//
+// # Online rebuilds
+//
+// An online rebuild builds the projection's declared tables again (see
+// package projection) beside the live ones, while the live consumer
+// (stream.Run, in any process) keeps consuming into the live tables and
+// readers keep reading them:
+//
+//   - building: it creates a shadow of each table (CREATE TABLE … LIKE …
+//     INCLUDING ALL, with the live table's grants and foreign keys) and
+//     replays the stream into the shadows up to the live consumer's
+//     checkpoint; the handler's Projection.Table names the shadows;
+//   - catching up: the live consumer moved on meanwhile; it replays again up
+//     to its new checkpoint, until the lag is at most BatchSize messages
+//     (or stops shrinking);
+//   - swapping: one transaction takes the live consumer's swap gate, an
+//     advisory lock its batches take in shared mode as they begin: the live
+//     batch in flight commits first, the next one waits. It applies the
+//     few messages the live consumer committed since, hands the inbox over
+//     (the live scope then knows exactly the messages the rebuilt tables
+//     hold, but what retention made it forget), replaces each live table
+//     with its shadow (DROP, RENAME, index names restored) and finishes the
+//     run. Readers wait for the last statements only (at most 2s, else the
+//     swap is postponed) and then read the rebuilt tables: never a missing,
+//     empty or partial table. The live consumer goes on from its own
+//     checkpoint, on the new tables: no gap, no double apply.
+//
+// The swap holds the live consumer at most 10s (half its HandlerTimeout if
+// less); a swap that would take longer is postponed, and tried again after
+// catching up (up to 5 times). Summary.Pause says how long it held it.
+// An online rebuild needs three connections of the consumer's pool.
+//
+// An interrupted online rebuild leaves the live tables and the live
+// consumer untouched, and its shadows in place: run it again with its
+// RunID to resume it, or Abandon it (--abandon) to drop them. Another
+// rebuild of the consumer cannot start meanwhile (ErrRebuildPending).
+// Objects that depend on a live table (views, other tables' foreign keys,
+// serial sequences) make it refuse to start: the swap could not drop the
+// table.
 //
 // Except forensic ones, runs are recorded in the replay_runs table and
 // checkpointed in each batch's transaction: a run killed midway resumes

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/projection"
 )
 
 func TestMain(m *testing.M) {
@@ -110,8 +111,19 @@ func testLogger() *slog.Logger {
 type handler struct {
 	e     *env
 	extra bool
+	// proj, when set, is the projection whose tables the handler writes
+	// (through Projection.Table); otherwise it writes the env's tables.
+	proj *projection.Projection
 	// onApply, when set, runs after each application (tests kill runs here).
 	onApply func()
+}
+
+// table returns the handler's table name (totals or applied) for SQL in ctx.
+func (h *handler) table(ctx context.Context, name string) string {
+	if h.proj != nil {
+		return h.proj.Table(ctx, name)
+	}
+	return h.e.tables.QuotedSchema() + "." + name
 }
 
 func (h *handler) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
@@ -121,18 +133,18 @@ func (h *handler) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev
 	case ev.Reject:
 		return consumer.DeadLetter("rejected", errors.New("the handler rejects this message"))
 	}
-	s := h.e.tables.QuotedSchema()
+	totals, applied := h.table(ctx, "totals"), h.table(ctx, "applied")
 	if idem.ModeFrom(ctx) == idem.Forensic && !ev.Write {
 		var sum int64
-		err := tx.QueryRow(ctx, `SELECT sum FROM `+s+`.totals WHERE key = $1`, ev.Key).Scan(&sum)
+		err := tx.QueryRow(ctx, `SELECT sum FROM `+totals+` WHERE key = $1`, ev.Key).Scan(&sum)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
 	} else {
 		b := &pgx.Batch{}
-		b.Queue(`INSERT INTO `+s+`.totals AS t (key, sum) VALUES ($1, $2)
+		b.Queue(`INSERT INTO `+totals+` AS t (key, sum) VALUES ($1, $2)
 			ON CONFLICT (key) DO UPDATE SET sum = t.sum + EXCLUDED.sum`, ev.Key, ev.N)
-		b.Queue(`INSERT INTO `+s+`.applied (message_id, mode) VALUES ($1, $2)`, m.ID, string(idem.ModeFrom(ctx)))
+		b.Queue(`INSERT INTO `+applied+` (message_id, mode) VALUES ($1, $2)`, m.ID, string(idem.ModeFrom(ctx)))
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
@@ -200,6 +212,49 @@ func (e *env) runLive(c *consumer.Consumer, last int64) {
 	case <-time.After(30 * time.Second):
 		e.t.Fatal("live worker did not stop")
 	}
+}
+
+// startLive runs c as a live stream worker until the returned stop is
+// called (also at the end of the test).
+func (e *env) startLive(c *consumer.Consumer) (stop func()) {
+	e.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- stream.Run(ctx, c) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(e.t, err)
+			case <-time.After(30 * time.Second):
+				e.t.Error("live worker did not stop")
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+// waitCheckpoint waits until scope's checkpoint reaches at least last.
+func (e *env) waitCheckpoint(scope string, last int64) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for e.checkpoint(scope) < last {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s did not reach offset %d (at %d)", scope, last, e.checkpoint(scope))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// projection declares the env's tables as the projection "totals".
+func (e *env) projection() *projection.Projection {
+	e.t.Helper()
+	p, err := projection.New(projection.Config{Name: "totals", Schema: e.tables.Schema, Tables: []string{"totals", "applied"}})
+	require.NoError(e.t, err)
+	return p
 }
 
 // checkpoint returns scope's checkpoint of the stream, -1 for none.

@@ -30,10 +30,18 @@ type RunRecord struct {
 	// Operator and Reason are a repair's audit fields.
 	Operator, Reason string
 	// Finished reports whether the run reached its end; an unfinished run
-	// is running or was interrupted and can be resumed.
+	// is running or was interrupted and can be resumed (or, an online
+	// rebuild, abandoned).
 	Finished bool
-	// StartedAt is when the run started; FinishedAt when it finished (zero
-	// while unfinished).
+	// Abandoned reports an online rebuild given up with Abandon: its shadow
+	// tables were dropped.
+	Abandoned bool
+	// Projection and Tables are an online rebuild's projection and tables;
+	// empty otherwise.
+	Projection string
+	Tables     []string
+	// StartedAt is when the run started; FinishedAt when it finished or was
+	// abandoned (zero while unfinished).
 	StartedAt, FinishedAt time.Time
 	// Audited counts the run's audit rows (repair: one per settled selected
 	// message); DeadLettered those among them whose outcome was
@@ -50,7 +58,8 @@ type RunFilter struct {
 }
 
 const listRunsSQL = `SELECT r.run_id, r.mode, r.consumer, r.stream, r.from_position, r.to_position, r.end_offset,
-	r.handoff_offset, r.operator, r.reason, r.status = 'finished', r.started_at, r.finished_at,
+	r.handoff_offset, r.operator, r.reason, r.status = 'finished', r.status = 'abandoned',
+	coalesce(r.projection, ''), coalesce(r.projection_tables, '{}'), r.started_at, r.finished_at,
 	coalesce(a.audited, 0), coalesce(a.dead_lettered, 0)
 FROM %[1]s AS r
 LEFT JOIN LATERAL (SELECT count(*) AS audited, count(*) FILTER (WHERE outcome = 'dead_lettered') AS dead_lettered
@@ -79,7 +88,7 @@ func ListRuns(ctx context.Context, q interface {
 			finished *time.Time
 		)
 		err := row.Scan(&r.ID, &mode, &r.Consumer, &r.Stream, &r.From, &r.To, &r.End, &r.Handoff, &r.Operator,
-			&r.Reason, &r.Finished, &r.StartedAt, &finished, &r.Audited, &r.DeadLettered)
+			&r.Reason, &r.Finished, &r.Abandoned, &r.Projection, &r.Tables, &r.StartedAt, &finished, &r.Audited, &r.DeadLettered)
 		r.Mode = idem.Mode(mode)
 		if finished != nil {
 			r.FinishedAt = *finished

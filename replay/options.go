@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/projection"
 )
 
 // Options configure Run. Mode is required; so are Select, Operator and
@@ -46,12 +47,22 @@ type Options struct {
 	Operator string
 
 	// Progress receives a progress bar with rate and ETA when it is a
-	// terminal, a log line every ProgressInterval otherwise. Default: none.
+	// terminal, a log line every ProgressInterval otherwise; an online
+	// rebuild's shows its phase, its lag behind the live consumer and the
+	// swap. Default: none.
 	Progress io.Writer
 
 	// ProgressInterval is how often a progress line is written when Progress
 	// is not a terminal. Default: 5s.
 	ProgressInterval time.Duration
+
+	// Projection, in a rebuild, declares the tables the handler writes
+	// (projection.Projection.Table sends its writes to their shadows): the
+	// rebuild runs online, beside the live consumer, which keeps running,
+	// and swaps the rebuilt tables in at the end (see the package
+	// documentation). Without it a rebuild runs in place: Reset, the live
+	// consumer paused. Default: none.
+	Projection *projection.Projection
 
 	// Reason says why a repair runs, for the audit rows. Required for repair.
 	Reason string
@@ -68,9 +79,10 @@ type Options struct {
 	// Summary).
 	Report io.Writer
 
-	// Reset runs before a rebuild's first message, in the transaction that
-	// registers the run: truncate the projection here. It does not run
-	// again when the run is resumed.
+	// Reset runs before an in-place rebuild's first message, in the
+	// transaction that registers the run: truncate the projection here. It
+	// does not run again when the run is resumed. An online rebuild
+	// (Projection) starts from empty shadow tables instead.
 	Reset func(ctx context.Context, tx pgx.Tx) error
 
 	// RetryDelay is the wait before a failing message is tried again in
@@ -90,16 +102,22 @@ type Options struct {
 	// Stream is the stream to replay. Default: the consumer's Stream.
 	Stream string
 
-	// To is where the replay ends, inclusive. Default: Tail. A rebuild's end
-	// must be Tail or an Offset: the hand-off needs an exact offset.
+	// To is where the replay ends, inclusive. Default: Tail. An in-place
+	// rebuild's end must be Tail or an Offset: the hand-off needs an exact
+	// offset. An online rebuild ends where the live consumer is when it
+	// swaps: its To must be Tail.
 	To Position
 
-	// Wait makes a rebuild wait for the live consumer's stream lock instead
-	// of failing with ErrLiveWorker while a live worker holds it.
+	// Wait makes an in-place rebuild wait for the live consumer's stream
+	// lock instead of failing with ErrLiveWorker while a live worker holds
+	// it.
 	Wait bool
 
 	// now is time.Now; tests replace it.
 	now func() time.Time
+	// beforeSwapCommit, when set, runs in the swap transaction just before
+	// it commits; tests interrupt the swap here.
+	beforeSwapCommit func(ctx context.Context) error
 }
 
 // Selection chooses messages for a repair: those whose business key (see
@@ -143,9 +161,17 @@ var (
 	// interrupted rebuild was waiting to resume: its writes went into a
 	// projection the rebuild had reset. Start a new rebuild.
 	ErrLiveMoved = errors.New("replay: the live consumer moved while the rebuild was interrupted")
-	// ErrRunMismatch means RunID names a run of another mode, consumer or
-	// stream.
+	// ErrRunMismatch means RunID names a run of another mode, consumer,
+	// stream or projection, or one that cannot be resumed or abandoned
+	// (abandoned, or not an online rebuild).
 	ErrRunMismatch = errors.New("replay: run id belongs to another replay")
+	// ErrRebuildRunning means another process is running an online rebuild
+	// of the same consumer and stream.
+	ErrRebuildRunning = errors.New("replay: another rebuild of this consumer is running")
+	// ErrRebuildPending means an online rebuild of the consumer was
+	// interrupted and its shadow tables are still there: resume it (its
+	// RunID) or abandon it (Abandon) before starting another.
+	ErrRebuildPending = errors.New("replay: an interrupted rebuild of this consumer is pending")
 	// ErrFindings means a forensic replay found payload conflicts or
 	// messages whose handler failed. The report says which.
 	ErrFindings = errors.New("replay: forensic replay found conflicts or handler errors")
@@ -216,6 +242,14 @@ func (o Options) validate(c *consumer.Consumer) error {
 		return invalid("Reset is for rebuild only")
 	case o.Mode != idem.Rebuild && o.Wait:
 		return invalid("Wait is for rebuild only")
+	case o.Mode != idem.Rebuild && o.Projection != nil:
+		return invalid("Projection is for rebuild only")
+	case o.Projection != nil && o.Reset != nil:
+		return invalid("Reset is for an in-place rebuild: an online rebuild (Projection) starts from empty shadow tables")
+	case o.Projection != nil && o.Wait:
+		return invalid("Wait is for an in-place rebuild: an online rebuild runs beside the live workers")
+	case o.Projection != nil && o.To.kind != posTail:
+		return invalid("an online rebuild ends where the live consumer is when it swaps: To must be the tail")
 	case o.Mode == idem.Forensic && o.RunID != "":
 		return invalid("a forensic replay writes nothing, so it has no run to resume: run it again")
 	case o.Mode == idem.Repair && o.Select.empty() && o.RunID == "":

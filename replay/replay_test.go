@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/projection"
 )
 
 func TestReplayStopsByItselfAtTheEndFixedAtStart(t *testing.T) {
@@ -294,21 +295,28 @@ func TestReplayRejectsArgumentsThatMakeNoSenseBeforeAnythingRuns(t *testing.T) {
 	require.NoError(t, err)
 	c.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	future := time.Now().Add(time.Hour)
+	p, err := projection.New(projection.Config{Name: "p", Tables: []string{"t"}})
+	require.NoError(t, err)
+	reset := func(context.Context, pgx.Tx) error { return nil }
 	for name, o := range map[string]Options{
-		"no mode":                   {},
-		"unknown mode":              {Mode: "replay-everything"},
-		"end before start":          {Mode: idem.Normal, From: Offset(10), To: Offset(5)},
-		"end time before start":     {Mode: idem.Normal, From: Time(future.Add(-3 * time.Hour)), To: Time(future.Add(-4 * time.Hour))},
-		"start in the future":       {Mode: idem.Normal, From: Time(future)},
-		"end in the future":         {Mode: idem.Forensic, To: Time(future)},
-		"start at the tail":         {Mode: idem.Normal, From: Tail()},
-		"rebuild to a time":         {Mode: idem.Rebuild, To: Time(time.Now().Add(-time.Hour))},
-		"repair without selection":  {Mode: idem.Repair, Operator: "a", Reason: "b"},
-		"repair without a reason":   {Mode: idem.Repair, Select: Selection{IDs: []string{"m-1"}}, Operator: "a"},
-		"selection outside repair":  {Mode: idem.Normal, Select: Selection{IDs: []string{"m-1"}}},
-		"reset outside rebuild":     {Mode: idem.Normal, Reset: func(context.Context, pgx.Tx) error { return nil }},
-		"forensic with a run id":    {Mode: idem.Forensic, RunID: "x"},
-		"keys without business key": {Mode: idem.Repair, Select: Selection{Keys: []string{"k"}}, Operator: "a", Reason: "b"},
+		"projection outside rebuild": {Mode: idem.Normal, Projection: p},
+		"online rebuild with reset":  {Mode: idem.Rebuild, Projection: p, Reset: reset},
+		"online rebuild with wait":   {Mode: idem.Rebuild, Projection: p, Wait: true},
+		"online rebuild to offset":   {Mode: idem.Rebuild, Projection: p, To: Offset(10)},
+		"no mode":                    {},
+		"unknown mode":               {Mode: "replay-everything"},
+		"end before start":           {Mode: idem.Normal, From: Offset(10), To: Offset(5)},
+		"end time before start":      {Mode: idem.Normal, From: Time(future.Add(-3 * time.Hour)), To: Time(future.Add(-4 * time.Hour))},
+		"start in the future":        {Mode: idem.Normal, From: Time(future)},
+		"end in the future":          {Mode: idem.Forensic, To: Time(future)},
+		"start at the tail":          {Mode: idem.Normal, From: Tail()},
+		"rebuild to a time":          {Mode: idem.Rebuild, To: Time(time.Now().Add(-time.Hour))},
+		"repair without selection":   {Mode: idem.Repair, Operator: "a", Reason: "b"},
+		"repair without a reason":    {Mode: idem.Repair, Select: Selection{IDs: []string{"m-1"}}, Operator: "a"},
+		"selection outside repair":   {Mode: idem.Normal, Select: Selection{IDs: []string{"m-1"}}},
+		"reset outside rebuild":      {Mode: idem.Normal, Reset: func(context.Context, pgx.Tx) error { return nil }},
+		"forensic with a run id":     {Mode: idem.Forensic, RunID: "x"},
+		"keys without business key":  {Mode: idem.Repair, Select: Selection{Keys: []string{"k"}}, Operator: "a", Reason: "b"},
 	} {
 		_, err := Run(context.Background(), c, o)
 		require.ErrorIs(t, err, ErrInvalidOptions, name)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,10 +14,12 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/seam"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/projection"
 )
 
 // Summary says what a replay did. Counts cover the messages this call
@@ -61,11 +62,19 @@ type Summary struct {
 	// CaughtUp counts the messages of a rebuild past the live consumer's
 	// checkpoint, processed as the live consumer would (effects dispatched).
 	CaughtUp int64
-	// Handoff is where a rebuild moved the live consumer's checkpoint: live
-	// consumption continues after it. Valid when HasHandoff.
+	// Handoff is where a rebuild handed the projection to the live
+	// consumer: it continues after this offset. An in-place rebuild moved
+	// the live checkpoint here; an online rebuild swapped its tables in
+	// when the live consumer was here. Valid when HasHandoff.
 	Handoff int64
 	// HasHandoff reports whether Handoff is set.
 	HasHandoff bool
+	// Swapped reports an online rebuild whose tables replaced the live ones
+	// (at Handoff).
+	Swapped bool
+	// Pause is how long an online rebuild's swap held the live consumer's
+	// batches: the final catch-up, the inbox hand-over and the table swap.
+	Pause time.Duration
 	// Redispatched counts the effects a repair sent again.
 	Redispatched int
 	// Resumed reports whether the run continued an interrupted one.
@@ -90,13 +99,15 @@ type runner struct {
 	row    *run // nil for forensic
 	sum    Summary
 	report *reporter
-	prog   *progress
+	proj   *projection.Projection // an online rebuild's projection; nil otherwise
+
+	*tally // what progress shows: settled, first, last, end, phase, pause
 
 	main, catchUp *segment // how messages are processed; see segments
 
-	settled atomic.Int64 // messages settled, for progress
-	first   atomic.Int64 // first offset settled, for progress
-	last    atomic.Int64 // last offset settled, for progress
+	// seen, when set, receives the records read before they are processed
+	// (the swap notes the ids of the messages it applies in its pause).
+	seen func(recs []streamio.Record)
 }
 
 // errEnd stops a read that reached the run's fixed end.
@@ -133,11 +144,10 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 	sc, _ := seam.Of(c)
 	r := &runner{
 		sc: sc, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
-		log: o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
-		sum: Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
+		log:  o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
+		sum:  Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
+		proj: o.Projection, tally: newTally(),
 	}
-	r.first.Store(-1)
-	r.last.Store(-1)
 	err = r.run(ctx)
 	r.sum.Elapsed = time.Since(started)
 	if err == nil && o.Mode == idem.Forensic && r.sum.Findings() {
@@ -147,41 +157,55 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 }
 
 func (r *runner) run(ctx context.Context) error {
-	if r.o.Mode == idem.Forensic {
+	switch {
+	case r.o.Mode == idem.Forensic:
 		end, err := r.resolveEnd(ctx)
 		if err != nil {
 			return err
 		}
 		r.sum.End = end
 		r.report = newReporter(r.o.Report)
-		if err := r.read(ctx, r.o.From, end); err != nil {
+		if err := r.readAll(ctx, r.o.From, end); err != nil {
 			return err
 		}
 		return r.report.summary(r.sum)
-	}
-
-	if r.o.Mode == idem.Rebuild {
+	case r.proj != nil:
+		return r.runOnline(ctx)
+	case r.o.Mode == idem.Rebuild:
 		lock, err := r.lockStream(ctx)
 		if err != nil {
 			return err
 		}
-		var stop context.CancelCauseFunc
-		ctx, stop = context.WithCancelCause(ctx)
-		defer stop(nil)
-		go func() { // owned: ends when ctx does, which Run cancels on return
-			select {
-			case <-lock.Lost():
-				stop(errors.New("replay: lost the stream lock; resume the run"))
-			case <-ctx.Done():
-			}
-		}()
-		defer func() {
-			if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
-				r.log.Warn("releasing the stream lock", "error", err)
-			}
-		}()
+		ctx, release := r.hold(ctx, lock)
+		defer release()
+		return r.runBounded(ctx)
+	default:
+		return r.runBounded(ctx)
 	}
+}
 
+// hold ties ctx to lock: the returned context ends when the lock is lost;
+// release stops that and releases the lock.
+func (r *runner) hold(ctx context.Context, lock *pglock.Lock) (context.Context, func()) {
+	ctx, stop := context.WithCancelCause(ctx)
+	go func() { // owned: ends when ctx does, which release cancels
+		select {
+		case <-lock.Lost():
+			stop(fmt.Errorf("replay: lost the lock %s; resume the run", lock.Key()))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		stop(nil)
+		if err := lock.Release(context.WithoutCancel(ctx)); err != nil {
+			r.log.Warn("releasing a lock", "lock_key", lock.Key(), "error", err)
+		}
+	}
+}
+
+// runBounded runs a normal or repair replay, or an in-place rebuild, from
+// its start (or checkpoint) to the end fixed when it first started.
+func (r *runner) runBounded(ctx context.Context) error {
 	from, err := r.start(ctx)
 	if err != nil || r.row.status == "finished" {
 		return err
@@ -189,13 +213,19 @@ func (r *runner) run(ctx context.Context) error {
 	r.sum.RunID, r.sum.End = r.row.id, r.row.end
 	r.log = r.log.With("run_id", r.row.id)
 	r.log.Info("replay started", "from", from.String(), "end", r.row.end, "resumed", r.sum.Resumed)
-	if err := r.read(ctx, from, r.row.end); err != nil {
-		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-			err = cause
-		}
-		return fmt.Errorf("%w (resume with run id %s)", err, r.row.id)
+	if err := r.readAll(ctx, from, r.row.end); err != nil {
+		return r.resumable(ctx, err)
 	}
 	return r.finish(ctx)
+}
+
+// resumable says how to resume after err, the error of a run that
+// stopped midway; a lost lock is reported as the cause.
+func (r *runner) resumable(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	return fmt.Errorf("%w (resume with run id %s)", err, r.row.id)
 }
 
 // resolveEnd fixes the last offset to read: the tail now, or the given
@@ -352,14 +382,20 @@ func (r *runner) liveCheckpoint(ctx context.Context) (int64, error) {
 	return last, nil
 }
 
+// readAll replays [from, end] with the progress display.
+func (r *runner) readAll(ctx context.Context, from Position, end int64) error {
+	r.end.Store(end)
+	if r.o.Progress != nil && end >= 0 {
+		prog := startProgress(r.o.Progress, r.o.ProgressInterval, string(r.o.Mode)+" "+r.o.Stream, from, r.tally)
+		defer prog.stop()
+	}
+	return r.read(ctx, from, end)
+}
+
 // read replays [from, end] batch by batch.
 func (r *runner) read(ctx context.Context, from Position, end int64) error {
 	if end < 0 || from.kind == posOffset && from.offset > end {
 		return nil
-	}
-	if r.o.Progress != nil {
-		r.prog = startProgress(r.o.Progress, r.o.ProgressInterval, string(r.o.Mode)+" "+r.o.Stream, from, end, &r.settled, &r.first, &r.last)
-		defer r.prog.stop()
 	}
 	to := Offset(end)
 	if r.o.To.kind == posTime {
@@ -370,6 +406,9 @@ func (r *runner) read(ctx context.Context, from Position, end int64) error {
 		n := len(recs)
 		for n > 0 && recs[n-1].Offset > end {
 			n--
+		}
+		if n > 0 && r.seen != nil {
+			r.seen(recs[:n])
 		}
 		if n > 0 {
 			if err := r.batch(ctx, recs[:n]); err != nil {

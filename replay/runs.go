@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/safetext"
-	"github.com/jackc/pgx/v5"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // run is a row of the replay_runs table: what a run fixed when it started.
@@ -23,23 +26,30 @@ type run struct {
 	redispatch                 bool
 	operator, reason           string
 	status                     string
+	// An online rebuild's projection: its name, schema and live tables.
+	projection, schema *string
+	tables             []string
 }
 
 const runColumns = `run_id, mode, consumer, stream, from_position, to_position, end_offset, live_offset,
-	handoff_offset, select_keys, select_ids, redispatch, operator, reason, status`
+	handoff_offset, select_keys, select_ids, redispatch, operator, reason, status,
+	projection, projection_schema, projection_tables`
 
 const (
 	insertRunSQL = `INSERT INTO %s (` + runColumns + `)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`
-	getRunSQL    = `SELECT ` + runColumns + ` FROM %s WHERE run_id = $1`
-	finishRunSQL = `UPDATE %s SET status = 'finished', finished_at = now(), handoff_offset = $2
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)`
+	getRunSQL = `SELECT ` + runColumns + ` FROM %s WHERE run_id = $1`
+	// finishRunSQL ends a run; an online rebuild's end is where it swapped.
+	finishRunSQL = `UPDATE %s SET status = 'finished', finished_at = now(), handoff_offset = $2,
+	end_offset = coalesce($2, end_offset)
 WHERE run_id = $1 AND status = 'running'`
 )
 
 func (r *runner) insertRun(ctx context.Context, tx pgx.Tx, row *run) error {
 	_, err := tx.Exec(ctx, fmt.Sprintf(insertRunSQL, r.tables.Table("replay_runs")),
 		row.id, row.mode, row.consumer, row.stream, row.from, row.to, row.end, row.live, row.handoff,
-		nonNil(row.keys), nonNil(row.ids), row.redispatch, row.operator, row.reason, row.status)
+		nonNil(row.keys), nonNil(row.ids), row.redispatch, row.operator, row.reason, row.status,
+		row.projection, row.schema, row.tables)
 	if err != nil {
 		return fmt.Errorf("replay: register run %s: %w", row.id, err)
 	}
@@ -48,10 +58,16 @@ func (r *runner) insertRun(ctx context.Context, tx pgx.Tx, row *run) error {
 
 // getRun returns the run with id, or nil when there is none.
 func (r *runner) getRun(ctx context.Context, id string) (*run, error) {
+	return loadRun(ctx, r.pool, r.tables, id)
+}
+
+// loadRun returns the run with id in tables, or nil when there is none.
+func loadRun(ctx context.Context, q store.Querier, tables idem.Tables, id string) (*run, error) {
 	row := &run{}
-	err := r.pool.QueryRow(ctx, fmt.Sprintf(getRunSQL, r.tables.Table("replay_runs")), id).Scan(
+	err := q.QueryRow(ctx, fmt.Sprintf(getRunSQL, tables.Table("replay_runs")), id).Scan(
 		&row.id, &row.mode, &row.consumer, &row.stream, &row.from, &row.to, &row.end, &row.live,
-		&row.handoff, &row.keys, &row.ids, &row.redispatch, &row.operator, &row.reason, &row.status)
+		&row.handoff, &row.keys, &row.ids, &row.redispatch, &row.operator, &row.reason, &row.status,
+		&row.projection, &row.schema, &row.tables)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,27 +35,42 @@ func TestParsePositionReadsWhatStringWrites(t *testing.T) {
 
 func TestProgressLineShowsRateAndETA(t *testing.T) {
 	t.Parallel()
-	p := &progress{label: "rebuild s", end: 199}
-	line := p.line(50, 100, 149, 10*time.Second, false)
-	require.Equal(t, "replay rebuild s: 50%, 50 messages, offset 149 of 199, 5 msg/s, eta 0:10", line)
+	p := &progress{label: "rebuild s"}
+	at := snapshot{n: 50, from: 100, last: 149, end: 199, elapsed: 10 * time.Second}
+	require.Equal(t, "replay rebuild s: 50%, 50 messages, offset 149 of 199, 5 msg/s, eta 0:10", p.line(at))
 	p.tty = true
-	line = p.line(50, 100, 149, 10*time.Second, false)
-	require.Equal(t, "rebuild s [===============>              ]  50% 50 msgs  5 msg/s  ETA 0:10", line)
-	require.Contains(t, p.line(100, 100, 199, 20*time.Second, true), "[==============================] 100%")
-	require.Contains(t, p.line(0, -1, -1, time.Second, false), "?%")
+	require.Equal(t, "rebuild s [===============>              ]  50% 50 msgs  5 msg/s  ETA 0:10", p.line(at))
+	require.Contains(t, p.line(snapshot{n: 100, from: 100, last: 199, end: 199, elapsed: 20 * time.Second, final: true}),
+		"[==============================] 100%")
+	require.Contains(t, p.line(snapshot{from: -1, last: -1, end: -1, elapsed: time.Second}), "?%")
 	require.Equal(t, "1:01:01", formatDuration(3661*time.Second))
+}
+
+func TestOnlineRebuildProgressShowsItsLagBehindTheLiveConsumerAndTheSwap(t *testing.T) {
+	t.Parallel()
+	p := &progress{label: "rebuild s"}
+	at := snapshot{n: 900, from: 0, last: 899, end: 999, elapsed: 9 * time.Second, phase: phaseCatchingUp}
+	require.Equal(t, "replay rebuild s: catching up, 90%, 900 messages, offset 899 of 999, lag 100 behind the live consumer, "+
+		"100 msg/s, eta 0:01", p.line(at))
+	at.phase = phaseSwapping
+	require.Contains(t, p.line(at), "swapping (live worker paused), 90%")
+	at = snapshot{n: 1000, from: 0, last: 999, end: 999, elapsed: 10 * time.Second, phase: phaseSwapped,
+		pause: 42 * time.Millisecond, final: true}
+	require.Equal(t, "replay rebuild s: swapped at offset 999 (live worker paused 42ms), 100%, 1000 messages, offset 999 of 999, "+
+		"100 msg/s, eta done", p.line(at))
+	resumed := snapshot{from: 500, last: -1, end: 999, elapsed: time.Second, phase: phaseBuilding}
+	require.Contains(t, p.line(resumed), "lag 500 behind the live consumer", "a resumed run that has not settled a message yet")
 }
 
 func TestProgressWritesLinesWhenNotATerminal(t *testing.T) {
 	t.Parallel()
-	var settled, first, last atomic.Int64
-	first.Store(-1)
-	last.Store(-1)
+	tl := newTally()
+	tl.end.Store(9)
 	w := &lockedWriter{}
-	p := startProgress(w, time.Millisecond, "normal s", First(), 9, &settled, &first, &last)
-	settled.Store(10)
-	first.Store(0)
-	last.Store(9)
+	p := startProgress(w, time.Millisecond, "normal s", First(), tl)
+	tl.settled.Store(10)
+	tl.first.Store(0)
+	tl.last.Store(9)
 	p.stop()
 	lines := strings.Split(strings.TrimSpace(w.String()), "\n")
 	require.Equal(t, "replay normal s: 100%, 10 messages, offset 9 of 9", lines[len(lines)-1][:len("replay normal s: 100%, 10 messages, offset 9 of 9")])
@@ -70,6 +84,8 @@ func TestMainRejectsBadArgumentsWithExitCode2(t *testing.T) {
 		{"--mode", "forensic", "--to", "-3"},
 		{"--mode", "normal", "extra"},
 		{"--mode", "normal", "--report", "x.jsonl"},
+		{"--mode", "rebuild", "--abandon"},
+		{"--mode", "forensic", "--abandon", "--run-id", "r-1"},
 		{"--no-such-flag"},
 	} {
 		var out, errOut bytes.Buffer

@@ -75,9 +75,9 @@ const cutoffSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 //     them so) with their audit rows. Pending, in-flight, retryable,
 //     unknown and unresolved failed_terminal effects are never deleted;
 //   - dead_letters: rows dead-lettered before the cutoff;
-//   - replay_runs, replay_audit and checkpoints: runs finished before the
-//     cutoff, with their audit rows and their progress checkpoints. Running
-//     (or interrupted, resumable) runs are kept;
+//   - replay_runs, replay_audit and checkpoints: runs finished (or
+//     abandoned) before the cutoff, with their audit rows and their progress
+//     checkpoints. Running (or interrupted, resumable) runs are kept;
 //   - http_keys: HTTP idempotency keys past their own expiry
 //     (httpinbox.Config.Expiry), whatever the cutoff.
 //
@@ -201,7 +201,7 @@ SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit)`
 SELECT count(*) FROM gone`
 
 	replayRunsSQL = `WITH doomed AS (
-	SELECT run_id FROM {replay_runs} WHERE status = 'finished' AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
+	SELECT run_id FROM {replay_runs} WHERE status IN ('finished', 'abandoned') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
 ), gone AS (
 	DELETE FROM {replay_runs} AS r USING doomed WHERE r.run_id = doomed.run_id RETURNING r.run_id, r.consumer
 ), audit AS (

@@ -13,8 +13,9 @@
 //     with their audit rows. Pending, in-flight, retryable, unknown and
 //     unresolved failed_terminal effects are never deleted;
 //   - dead_letters: rows dead-lettered before the cutoff;
-//   - replay_runs, replay_audit and checkpoints: replay runs finished before
-//     the cutoff, their audit rows and their progress checkpoints;
+//   - replay_runs, replay_audit and checkpoints: replay runs finished (or
+//     abandoned) before the cutoff, their audit rows and their progress
+//     checkpoints;
 //   - http_keys: HTTP idempotency keys past their own expiry.
 //
 // It returns a Count per table. The command line runs the same call:

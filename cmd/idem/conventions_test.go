@@ -44,7 +44,7 @@ func TestBadUsageExitsTwo(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{}, {"nope"}, {"inbox"}, {"inbox", "nope"}, {"ledger"}, {"ledger", "-x"}, {"deadletters"},
-		{"deadletters", "redrive"}, {"replay"}, {"cleanup"}, {"inbox", "show", "--consumer", "c"},
+		{"deadletters", "redrive"}, {"replay"}, {"replay", "abandon"}, {"cleanup"}, {"inbox", "show", "--consumer", "c"},
 	} {
 		_, stderr, code := idemCmd(args...)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)
@@ -132,7 +132,7 @@ func TestJSONOutputIsOneDocumentWithSnakeCaseKeys(t *testing.T) {
 		{[]string{"deadletters", "list"}, []string{"id", "consumer", "message_id", "payload_hash", "stored_hash", "reason",
 			"error", "attempts", "has_payload", "dead_lettered_at", "redriven_at", "redriven_by"}},
 		{[]string{"replay", "runs"}, []string{"run_id", "mode", "consumer", "stream", "from", "to", "end_offset",
-			"handoff_offset", "finished", "started_at", "finished_at", "audited", "dead_lettered", "operator", "reason"}},
+			"handoff_offset", "finished", "abandoned", "started_at", "finished_at", "audited", "dead_lettered", "operator", "reason"}},
 	} {
 		out, stderr, code := f.cmd(append(c.args, "--json")...)
 		require.Equal(t, 0, code, "%v: %s", c.args, stderr)

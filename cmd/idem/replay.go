@@ -11,18 +11,42 @@ import (
 )
 
 func init() {
-	register(command{name: "replay", summary: "list replay runs with their audit counts",
-		subcommands: []string{"runs"}, run: runReplay})
+	register(command{name: "replay", summary: "list replay runs; abandon an interrupted online rebuild",
+		subcommands: []string{"runs", "abandon"}, run: runReplay})
 }
 
 const replayUsage = `usage:
   idem replay runs [--consumer C] [--limit N] [--json]   newest first, with their audit counts
+  idem replay abandon RUN_ID                             drop an interrupted online rebuild's shadow tables
 Replays themselves run from the worker binary (replay.Main), next to the handler.`
 
 func runReplay(ctx context.Context, e *env, args []string) error {
 	return group(e, replayUsage, args, map[string]func([]string) error{
-		"runs": func(args []string) error { return replayRuns(ctx, e, args) },
+		"runs":    func(args []string) error { return replayRuns(ctx, e, args) },
+		"abandon": func(args []string) error { return replayAbandon(ctx, e, args) },
 	})
+}
+
+// replayAbandon gives up an interrupted online rebuild: its shadow tables
+// are dropped, the live projection is untouched.
+func replayAbandon(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("replay abandon")
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("%w: want one run id", errUsage)
+	}
+	pool, err := e.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := replay.Abandon(ctx, pool, e.tables, fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "run %s abandoned: its shadow tables are dropped\n", fs.Arg(0))
+	return nil
 }
 
 func replayRuns(ctx context.Context, e *env, args []string) error {
@@ -57,8 +81,11 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	fmt.Fprintln(w, "RUN_ID\tMODE\tCONSUMER\tSTREAM\tRANGE\tSTATUS\tSTARTED\tFINISHED\tAUDITED\tDEAD_LETTERED\tOPERATOR\tREASON")
 	for _, r := range runs {
 		status, finished := "unfinished", "-"
-		if r.Finished {
+		switch {
+		case r.Finished:
 			status, finished = "finished", r.FinishedAt.UTC().Format(time.RFC3339)
+		case r.Abandoned:
+			status, finished = "abandoned", r.FinishedAt.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s..%s (end %s)\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Mode, r.Consumer, r.Stream,
 			r.From, r.To, strconv.FormatInt(r.End, 10), status, r.StartedAt.UTC().Format(time.RFC3339), finished,
@@ -78,6 +105,7 @@ type runJSON struct {
 	EndOffset     int64      `json:"end_offset"`
 	HandoffOffset *int64     `json:"handoff_offset"`
 	Finished      bool       `json:"finished"`
+	Abandoned     bool       `json:"abandoned"`
 	StartedAt     *time.Time `json:"started_at"`
 	FinishedAt    *time.Time `json:"finished_at"`
 	Audited       int64      `json:"audited"`
@@ -88,6 +116,6 @@ type runJSON struct {
 
 func newRunJSON(r replay.RunRecord) runJSON {
 	return runJSON{RunID: r.ID, Mode: string(r.Mode), Consumer: r.Consumer, Stream: r.Stream, From: r.From, To: r.To,
-		EndOffset: r.End, HandoffOffset: r.Handoff, Finished: r.Finished, StartedAt: at(r.StartedAt),
+		EndOffset: r.End, HandoffOffset: r.Handoff, Finished: r.Finished, Abandoned: r.Abandoned, StartedAt: at(r.StartedAt),
 		FinishedAt: at(r.FinishedAt), Audited: r.Audited, DeadLettered: r.DeadLettered, Operator: r.Operator, Reason: r.Reason}
 }

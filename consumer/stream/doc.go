@@ -60,6 +60,14 @@
 // the holder's database session ends. The lock saves work; the inbox and
 // the checkpoint in each transaction are what make an overlap harmless.
 //
+// # Rebuilds beside the reader
+//
+// A rebuild (package replay) may replace the projection's tables while the
+// reader runs: each batch transaction begins by taking the consumer's swap
+// gate, a PostgreSQL advisory lock, in shared mode, so the swap waits for
+// the batch in flight and the next batch waits for the swap, then writes to
+// the rebuilt tables, from the same checkpoint.
+//
 // # Replays
 //
 // A stream keeps its history, so it can be read again: package replay runs

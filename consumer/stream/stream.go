@@ -26,6 +26,8 @@ type reader struct {
 	cfg consumer.Config
 	c   seam.Consumer
 	env *streamio.Env
+	// gate orders the batches with a rebuild's swap (store.SwapGate).
+	gate int64
 }
 
 // Run consumes c's Config.Stream until ctx is cancelled. Only the process
@@ -60,7 +62,7 @@ func run(ctx context.Context, cfg consumer.Config, sc seam.Consumer) error {
 		return fmt.Errorf("stream: %w", err)
 	}
 	defer env.Close()
-	r := &reader{cfg: cfg, c: sc, env: env}
+	r := &reader{cfg: cfg, c: sc, env: env, gate: store.SwapGate(cfg.Tables, cfg.Name, cfg.Stream)}
 	return r.run(ctx)
 }
 
@@ -154,10 +156,14 @@ func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
 }
 
 // batch runs one batch of consecutive records in order (engine.RunOrdered),
-// writing the checkpoint in each transaction.
+// writing the checkpoint in each transaction. Each transaction begins by
+// taking the swap gate in shared mode: a rebuild swapping the projection's
+// tables in waits for it, and the next batch waits for the swap, so that
+// it writes to the new tables, after the rebuild's last message.
 func (r *reader) batch(ctx, work context.Context, recs []streamio.Record) error {
 	items := r.c.Prepare(streamio.Raws(r.cfg.Stream, recs, time.Now()))
 	err := r.c.Engine.RunOrdered(ctx, work, items, engine.Ordered{
+		Options:        engine.Options{Gate: r.gate},
 		RetryBaseDelay: r.cfg.RetryBaseDelay, RetryMaxDelay: r.cfg.RetryMaxDelay,
 		Checkpoint: func(ctx context.Context, tx pgx.Tx, upTo int64) error {
 			return store.AdvanceCheckpoint(ctx, tx, r.cfg.Tables, r.cfg.Name, r.cfg.Stream, upTo)

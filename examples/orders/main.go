@@ -3,19 +3,25 @@
 // exposes idem's replay runner next to its worker, so the projection can be
 // rebuilt, audited or repaired from the stream.
 //
-//	go run ./examples/orders publish -n 20000 [-dup 0.03] [-swap 0.01] [-seed 1]
+//	go run ./examples/orders publish -n 20000 [-dup 0.03] [-swap 0.01] [-seed 1] [-skip 0]
 //	go run ./examples/orders mailstub [-addr 127.0.0.1:8025]
 //	go run ./examples/orders worker [-health-addr 127.0.0.1:8081]
 //	go run ./examples/orders replay --mode rebuild|forensic|repair|normal [--from …] [--to …] [--order o-1,o-2]
 //
+// A rebuild runs online, beside running workers: it builds a shadow of
+// order_overview, catches up with the workers and swaps it in, readers
+// never seeing the table missing or partial (--in-place rebuilds in place,
+// the workers paused; --abandon --run-id ID gives up an interrupted one).
+//
 // Global flags, before the command: -schema (default orders), -stream
 // (default orders.events) and -mail (where the e-mails go, default
-// http://127.0.0.1:8025/send). Events are JSON with the AMQP message-id set:
+// http://127.0.0.1:8025/send). Events are JSON, published over AMQP 0-9-1
+// to the stream with the message-id and timestamp set:
 //
 //	{"orderId":"o-17","version":2,"type":"OrderPaid"}
 //
-// IDEM_PG_URL and IDEM_AMQP_URL (or IDEM_STREAM_URL) say where PostgreSQL and
-// RabbitMQ are.
+// IDEM_PG_URL and IDEM_AMQP_URL (and IDEM_STREAM_URL, when the stream port
+// is not the AMQP host's 5552) say where PostgreSQL and RabbitMQ are.
 package main
 
 import (
@@ -43,24 +49,25 @@ func main() {
 
 // options are the settings every command shares.
 type options struct {
-	pgURL, streamURL, schema, stream, mailURL string
-	healthAddr                                string // worker: where the probes are served
-	logger                                    *slog.Logger
+	pgURL, amqpURL, schema, stream, mailURL string
+	streamURL                               string // default: derived from amqpURL, or IDEM_STREAM_URL
+	healthAddr                              string // worker: where the probes are served
+	logger                                  *slog.Logger
 }
 
 const usage = "usage: orders [-schema orders] [-stream orders.events] [-mail URL] publish|mailstub|worker|replay [flags]"
 
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("orders", flag.ContinueOnError)
-	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"), streamURL: streamURL(),
-		logger: slog.New(slog.NewTextHandler(os.Stderr, nil))}
+	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		amqpURL: env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		logger:  slog.New(slog.NewTextHandler(os.Stderr, nil))}
 	fs.StringVar(&o.schema, "schema", "orders", "schema for idem's tables and the projection")
 	fs.StringVar(&o.stream, "stream", "orders.events", "the stream of order events")
 	fs.StringVar(&o.mailURL, "mail", "http://127.0.0.1:8025/send", "where the shipped e-mails are sent (see mailstub)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	// The stream client logs through the standard library's log package.
 	args = fs.Args()
 	if len(args) == 0 {
 		return errors.New(usage)
@@ -79,20 +86,25 @@ func run(ctx context.Context, args []string) error {
 	}
 }
 
-// replayCommand is idem's replay runner on the worker's consumer: the only
-// thing the binary adds is how to reset the projection before a rebuild.
+// replayCommand is idem's replay runner on the worker's consumer: the
+// binary adds the projection's declaration, for a rebuild beside the
+// running workers, and how to reset it for a rebuild in place.
 func replayCommand(ctx context.Context, o options, args []string) error {
 	pool, err := setup(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	c, err := newConsumer(o, pool)
+	overview, err := newOverview(o)
+	if err != nil {
+		return err
+	}
+	c, err := newConsumer(o, pool, overview)
 	if err != nil {
 		return err
 	}
 	return replay.Main(ctx, c, args, replay.Command{
-		Options: replay.Options{Reset: resetProjection(o)},
+		Options: replay.Options{Projection: overview, Reset: resetProjection(o)},
 		KeyFlag: "order",
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/ledger"
 )
@@ -48,13 +49,13 @@ func main2(args []string) {
 
 // testEnv is one test's schema, stream and mail stub.
 type testEnv struct {
-	t    *testing.T
+	t    testing.TB
 	o    options
 	pool *pgxpool.Pool
 	mail *mailbox
 }
 
-func newTestEnv(t *testing.T) *testEnv {
+func newTestEnv(t testing.TB) *testEnv {
 	t.Helper()
 	testdb.Pool(t) // skips (or fails under CI) without PostgreSQL
 	ctx := context.Background()
@@ -65,7 +66,7 @@ func newTestEnv(t *testing.T) *testEnv {
 	if os.Getenv("IDEM_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	o := options{pgURL: testdb.URL(), streamURL: streamio.URLFromEnv(), schema: testdb.Name(t, "o"),
+	o := options{pgURL: testdb.URL(), amqpURL: testbroker.URL(), streamURL: streamio.URLFromEnv(), schema: testdb.Name(t, "o"),
 		stream: testdb.Name(t, "orders"), mailURL: srv.URL + "/send", logger: logger}
 	se, err := streamio.Open(ctx, streamio.Config{URI: o.streamURL})
 	if err != nil {
@@ -101,11 +102,11 @@ func (e *testEnv) rows() []row {
 }
 
 // expected is each order's newest (status, version) in the published events.
-func expected(sent []streamio.Outgoing) map[string]row {
+func expected(sent []message) map[string]row {
 	out := map[string]row{}
 	for _, m := range sent {
 		var ev event
-		_ = json.Unmarshal(m.Body, &ev)
+		_ = json.Unmarshal(m.body, &ev)
 		if cur, ok := out[ev.OrderID]; !ok || ev.Version > cur.Version {
 			out[ev.OrderID] = row{OrderID: ev.OrderID, Status: statuses[ev.Type], Version: ev.Version}
 		}
@@ -114,11 +115,11 @@ func expected(sent []streamio.Outgoing) map[string]row {
 }
 
 // shipped counts the orders with an OrderShipped event.
-func shipped(sent []streamio.Outgoing) int {
+func shipped(sent []message) int {
 	orders := map[string]bool{}
 	for _, m := range sent {
 		var ev event
-		_ = json.Unmarshal(m.Body, &ev)
+		_ = json.Unmarshal(m.body, &ev)
 		if ev.Type == "OrderShipped" {
 			orders[ev.OrderID] = true
 		}
@@ -126,7 +127,7 @@ func shipped(sent []streamio.Outgoing) int {
 	return len(orders)
 }
 
-func (e *testEnv) requireProjection(sent []streamio.Outgoing) {
+func (e *testEnv) requireProjection(sent []message) {
 	e.t.Helper()
 	want := expected(sent)
 	got := e.rows()
@@ -147,11 +148,23 @@ func (e *testEnv) checkpoint() int64 {
 	return last
 }
 
+// publish publishes the events cfg describes and returns them.
+func (e *testEnv) publish(cfg publishConfig) []message {
+	e.t.Helper()
+	msgs := events(cfg)
+	n, err := publish(context.Background(), e.o, msgs)
+	require.NoError(e.t, err)
+	require.Equal(e.t, len(msgs), n)
+	return msgs
+}
+
 // startWorker runs a worker (consumer and dispatcher) in this process until
 // the returned stop is called.
 func (e *testEnv) startWorker() (c *consumer.Consumer, stop func()) {
 	e.t.Helper()
-	c, err := newConsumer(e.o, e.pool)
+	overview, err := newOverview(e.o)
+	require.NoError(e.t, err)
+	c, err = newConsumer(e.o, e.pool, overview)
 	require.NoError(e.t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -172,7 +185,7 @@ func (e *testEnv) startWorker() (c *consumer.Consumer, stop func()) {
 	return c, stop
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -192,10 +205,18 @@ func (e *testEnv) count(sql string, args ...any) int {
 
 func TestRebuildReproducesTheLiveProjectionRowForRowAndSendsNoMail(t *testing.T) {
 	t.Parallel()
+	for name, args := range map[string][]string{"online": {"--mode", "rebuild"}, "in place": {"--mode", "rebuild", "--in-place"}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testRebuildReproducesTheLiveProjection(t, args)
+		})
+	}
+}
+
+func testRebuildReproducesTheLiveProjection(t *testing.T, args []string) {
 	e := newTestEnv(t)
 	ctx := context.Background()
-	sent, err := publish(ctx, e.o, publishConfig{n: 3000, dup: 0.05, swap: 0.02, seed: 7})
-	require.NoError(t, err)
+	sent := e.publish(publishConfig{n: 3000, dup: 0.05, swap: 0.02, seed: 7})
 	tail := int64(len(sent) - 1)
 	_, stop := e.startWorker()
 	waitFor(t, 60*time.Second, "the live worker at the tail with every e-mail sent", func() bool {
@@ -219,7 +240,7 @@ func TestRebuildReproducesTheLiveProjectionRowForRowAndSendsNoMail(t *testing.T)
 	dispatched := make(chan error, 1)
 	go func() { dispatched <- d.Run(dctx) }()
 
-	require.NoError(t, replayCommand(ctx, e.o, []string{"--mode", "rebuild"}))
+	require.NoError(t, replayCommand(ctx, e.o, args))
 	require.Equal(t, live, e.rows(), "the rebuilt projection differs from the live one")
 	require.Equal(t, tail, e.checkpoint(), "the live consumer continues after the hand-off")
 	require.Zero(t, e.count(`SELECT count(*) FROM `+idem.Tables{Schema: e.o.schema}.Table("ledger")+` WHERE status <> 'succeeded'`))
@@ -232,8 +253,7 @@ func TestStandbyTakesOverWhenTheActiveWorkerIsKilled(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	ctx := context.Background()
-	first, err := publish(ctx, e.o, publishConfig{n: 3000, dup: 0.05, swap: 0.02, seed: 11})
-	require.NoError(t, err)
+	first := e.publish(publishConfig{n: 3000, dup: 0.05, swap: 0.02, seed: 11})
 
 	// The active worker is another process, killed with SIGKILL.
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -251,14 +271,10 @@ func TestStandbyTakesOverWhenTheActiveWorkerIsKilled(t *testing.T) {
 
 	standby, _ := e.startWorker()
 	// More events; the active worker dies while it consumes them.
-	more := events(publishConfig{n: 6000, dup: 0.05, swap: 0.02, seed: 11})[len(first):]
+	more := events(publishConfig{n: 3000, dup: 0.05, swap: 0.02, seed: 12, first: 2000})
 	published := make(chan error, 1)
 	go func() {
-		se, err := streamio.Open(ctx, streamio.Config{URI: e.o.streamURL})
-		if err == nil {
-			err = se.Publish(ctx, e.o.stream, more)
-			_ = se.Close()
-		}
+		_, err := publish(ctx, e.o, more)
 		published <- err
 	}()
 	waitFor(t, 60*time.Second, "the active worker consuming the new events", func() bool { return e.checkpoint() > int64(len(first)-1) })
@@ -279,13 +295,12 @@ func TestRepairTouchesOnlyTheSelectedOrdersAndAuditsEachMessage(t *testing.T) {
 	t.Parallel()
 	e := newTestEnv(t)
 	ctx := context.Background()
-	sent, err := publish(ctx, e.o, publishConfig{n: 300, dup: 0.1, seed: 3})
-	require.NoError(t, err)
+	sent := e.publish(publishConfig{n: 300, dup: 0.1, seed: 3})
 	_, stop := e.startWorker()
 	waitFor(t, 60*time.Second, "the live worker at the tail", func() bool { return e.checkpoint() == int64(len(sent)-1) })
 	stop()
 	// Someone broke three rows by hand.
-	_, err = e.pool.Exec(ctx, `UPDATE `+overviewTable(e.o)+` SET status = 'placed', version = 1 WHERE order_id IN ('o-1', 'o-2', 'o-3')`)
+	_, err := e.pool.Exec(ctx, `UPDATE `+overviewTable(e.o)+` SET status = 'placed', version = 1 WHERE order_id IN ('o-1', 'o-2', 'o-3')`)
 	require.NoError(t, err)
 
 	require.NoError(t, replayCommand(ctx, e.o, []string{"--mode", "repair", "--order", "o-1,o-2",
@@ -301,7 +316,7 @@ func TestRepairTouchesOnlyTheSelectedOrdersAndAuditsEachMessage(t *testing.T) {
 	}
 	selected := 0
 	for _, m := range sent {
-		if strings.HasPrefix(m.MessageID, "evt-o-1-") || strings.HasPrefix(m.MessageID, "evt-o-2-") {
+		if strings.HasPrefix(m.id, "evt-o-1-") || strings.HasPrefix(m.id, "evt-o-2-") {
 			selected++
 		}
 	}

@@ -12,9 +12,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/projection"
 )
 
 // event is an order event as published on the stream.
@@ -22,6 +22,9 @@ type event struct {
 	OrderID string `json:"orderId"`
 	Version int    `json:"version"`
 	Type    string `json:"type"`
+	// At is when the event was created (the message's timestamp), not part
+	// of the body: the guard keeps it with a parked event.
+	At time.Time `json:"at,omitzero"`
 }
 
 // statuses maps event types to the status they give an order.
@@ -33,8 +36,7 @@ const consumerName = "orders-overview"
 // notifyShipped is the effect type of the "your order has shipped" e-mail.
 const notifyShipped = "notify_shipped"
 
-func streamURL() string { return streamio.URLFromEnv() }
-
+// overviewTable is the projection's table, in the schema of o.
 func overviewTable(o options) string {
 	return pgx.Identifier{o.schema, "order_overview"}.Sanitize()
 }
@@ -62,13 +64,20 @@ func setup(ctx context.Context, o options) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// newOverview declares the projection: its one table, which a rebuild
+// builds again beside the live one and swaps in.
+func newOverview(o options) (*projection.Projection, error) {
+	return projection.New(projection.Config{Name: "order_overview", Schema: o.schema, Tables: []string{"order_overview"}})
+}
+
 // newConsumer builds the projection's stream consumer.
-func newConsumer(o options, pool *pgxpool.Pool) (*consumer.Consumer, error) {
+func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*consumer.Consumer, error) {
 	tables := idem.Tables{Schema: o.schema}
 	c, err := consumer.New(consumer.Config{
 		Name:        consumerName,
 		Pool:        pool,
 		Stream:      o.stream,
+		AMQPURL:     o.amqpURL,
 		StreamURL:   o.streamURL,
 		Tables:      tables,
 		Logger:      o.logger,
@@ -81,11 +90,17 @@ func newConsumer(o options, pool *pgxpool.Pool) (*consumer.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &projection{table: overviewTable(o), ledger: l, mailURL: o.mailURL}
-	p.upsert = `INSERT INTO ` + p.table + ` AS o (order_id, status, version, updated_at) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, version = EXCLUDED.version, updated_at = EXCLUDED.updated_at
-		WHERE o.version < EXCLUDED.version
-		RETURNING true`
+	p := &orders{overview: overview, ledger: l, mailURL: o.mailURL}
+	p.guard, err = projection.NewGuard(projection.GuardConfig[event]{
+		Projection: overview, Table: "order_overview", KeyColumn: "order_id", VersionColumn: "version",
+		Gaps: projection.GapApply, Tables: tables,
+		Key:     func(ev event) string { return ev.OrderID },
+		Version: func(ev event) int64 { return int64(ev.Version) },
+		Apply:   p.apply,
+	})
+	if err != nil {
+		return nil, err
+	}
 	c.Handle(consumer.JSON(p.handle))
 	return c, nil
 }
@@ -99,54 +114,36 @@ func orderKey(m *consumer.Message) (string, error) {
 	return ev.OrderID, nil
 }
 
-// projection keeps order_overview: one row per order, its newest status.
+// orders keeps order_overview: one row per order, its newest status.
 //
-// Version guard: an event applies only when its version is newer than the
-// row's. A stale event (an older or equal version: a late duplicate, an
-// event that arrives after a newer one) is a no-op. A gap (version 3 while
-// the row is at 1) is applied: the overview shows the newest state known,
-// and the missing event, when it arrives, is stale. Applying newest-wins
-// makes the final row the same whatever the order of arrival, so a rebuild
-// reproduces what the live worker built.
-type projection struct {
-	table   string
-	upsert  string
-	ledger  *ledger.Ledger
-	mailURL string
+// The version guard applies an event only when its version is newer than
+// the row's: a stale event (a late duplicate, an event that arrives after a
+// newer one) is a no-op, counted in idem.projection.events. A gap (version
+// 3 while the row is at 1) is applied (projection.GapApply): the overview
+// shows the newest state known, and the missing event, when it arrives, is
+// stale. Newest-wins makes the final row the same whatever the order of
+// arrival, so a rebuild reproduces what the live worker built; updated_at
+// is the event's creation time, not now(), for the same reason.
+type orders struct {
+	overview *projection.Projection
+	guard    *projection.Guard[event]
+	ledger   *ledger.Ledger
+	mailURL  string
 }
 
-func (p *projection) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
-	status, ok := statuses[ev.Type]
-	if ev.OrderID == "" || ev.Version < 1 || !ok {
+func (p *orders) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
+	if _, ok := statuses[ev.Type]; ev.OrderID == "" || ev.Version < 1 || !ok {
 		return consumer.DeadLetter("invalid_event", fmt.Errorf("want orderId, version ≥ 1 and a known type, got %+v", ev))
 	}
-	at := m.Timestamp
-	if at.IsZero() {
+	if ev.At = m.Timestamp; ev.At.IsZero() {
 		return consumer.DeadLetter("invalid_event", errors.New("the event has no creation time"))
 	}
-	var applied bool
-	if idem.ModeFrom(ctx) == idem.Forensic {
-		// Read only: say what would happen.
-		var current int
-		err := tx.QueryRow(ctx, `SELECT version FROM `+p.table+` WHERE order_id = $1`, ev.OrderID).Scan(&current)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			applied = true
-		case err != nil:
-			return err
-		default:
-			applied = ev.Version > current
-		}
-	} else {
-		err := tx.QueryRow(ctx, p.upsert, ev.OrderID, status, ev.Version, at.UTC().Truncate(time.Microsecond)).Scan(&applied)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
+	// In a forensic replay the guard only says what it would do.
+	decision, err := p.guard.Handle(ctx, tx, ev)
+	if err != nil || decision != projection.Applied || ev.Type != "OrderShipped" {
+		return err
 	}
-	if !applied || ev.Type != "OrderShipped" {
-		return nil
-	}
-	_, err := p.ledger.Record(ctx, tx, ledger.Effect{
+	_, err = p.ledger.Record(ctx, tx, ledger.Effect{
 		Type:        notifyShipped,
 		BusinessKey: ev.OrderID,
 		Target:      p.mailURL,
@@ -157,8 +154,18 @@ func (p *projection) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message,
 	return err
 }
 
-// resetProjection is the rebuild's reset hook: empty the overview, in the
-// transaction that registers the rebuild run.
+// apply writes an event the guard found newer into the overview: the live
+// table, or its shadow during a rebuild.
+func (p *orders) apply(ctx context.Context, tx pgx.Tx, ev event) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+p.overview.Table(ctx, "order_overview")+` (order_id, status, version, updated_at)
+		VALUES ($1, $2, $3, $4)
+		ON CONFLICT (order_id) DO UPDATE SET status = EXCLUDED.status, version = EXCLUDED.version, updated_at = EXCLUDED.updated_at`,
+		ev.OrderID, statuses[ev.Type], ev.Version, ev.At.UTC().Truncate(time.Microsecond))
+	return err
+}
+
+// resetProjection is the reset hook of a rebuild in place (--in-place):
+// empty the overview, in the transaction that registers the rebuild run.
 func resetProjection(o options) func(ctx context.Context, tx pgx.Tx) error {
 	return func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `TRUNCATE `+overviewTable(o))

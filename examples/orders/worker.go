@@ -35,7 +35,11 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	c, err := newConsumer(o, pool)
+	overview, err := newOverview(o)
+	if err != nil {
+		return err
+	}
+	c, err := newConsumer(o, pool, overview)
 	if err != nil {
 		return err
 	}

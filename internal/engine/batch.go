@@ -56,6 +56,12 @@ type Options struct {
 	// Abandon, when closed, stops the retries of a failing batch (its
 	// broker session died: its messages are redelivered anyway).
 	Abandon <-chan struct{}
+	// Gate, when non-zero, is an advisory lock the transaction takes in
+	// shared mode as it begins, in the BEGIN round trip (waiting at most
+	// HandlerTimeout). A session that takes it exclusively — a rebuild
+	// swapping its tables in — waits for the batches in flight and holds
+	// the next ones at their start, before they touch anything.
+	Gate int64
 }
 
 // plan is how one attempt runs.
@@ -262,6 +268,12 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		setMillis("lock_timeout", e.cfg.HandlerTimeout)
 		sb.WriteString("; SELECT pg_advisory_xact_lock(")
 		sb.WriteString(strconv.FormatInt(e.serialKey, 10))
+		sb.WriteString(")")
+	}
+	if o.Gate != 0 {
+		setMillis("lock_timeout", e.cfg.HandlerTimeout)
+		sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
+		sb.WriteString(strconv.FormatInt(o.Gate, 10))
 		sb.WriteString(")")
 	}
 	setMillis("lock_timeout", p.lockTimeout)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pglock"
 )
 
 // Querier reads: a pool, a connection or a transaction.
@@ -68,4 +69,12 @@ func MoveCheckpoint(ctx context.Context, tx Execer, tables idem.Tables, scope, s
 // replay that hands off to the live consumer takes the same lock.
 func StreamLockKey(tables idem.Tables, name, stream string) string {
 	return "idem/stream/" + tables.WithDefaults().Schema + "/" + name + "/" + stream
+}
+
+// SwapGate is the advisory lock id a live stream reader's batches take in
+// shared mode as they begin (engine.Options.Gate). A rebuild that swaps the
+// consumer's projection takes it exclusively, in its swap transaction: the
+// live batches in flight finish first, the next ones wait for the swap.
+func SwapGate(tables idem.Tables, name, stream string) int64 {
+	return pglock.Key("idem/swap/" + tables.WithDefaults().Schema + "/" + name + "/" + stream)
 }

@@ -1,0 +1,71 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/shadow"
+)
+
+// abandonSQL marks a run abandoned, if it is still running.
+const abandonSQL = `UPDATE %s SET status = 'abandoned', finished_at = now() WHERE run_id = $1 AND status = 'running'`
+
+// Abandon gives up the interrupted online rebuild runID, whose tables are in
+// tables: it drops its shadow tables, deletes the inbox rows and parked
+// events it kept beside the live ones, and marks the run abandoned. The live
+// projection and the live consumer are untouched; a new rebuild may start.
+// Abandoning an abandoned run finishes its clean-up. It fails with
+// ErrRebuildRunning while a process runs the rebuild, and with
+// ErrRunMismatch for a run that is not an unfinished online rebuild.
+func Abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, runID string) error {
+	row, err := loadRun(ctx, pool, tables, runID)
+	switch {
+	case err != nil:
+		return err
+	case row == nil:
+		return fmt.Errorf("%w: there is no run %s", ErrRunMismatch, runID)
+	case row.mode != string(idem.Rebuild) || row.projection == nil:
+		return fmt.Errorf("%w: run %s is not an online rebuild: there is nothing to abandon", ErrRunMismatch, runID)
+	case row.status == "finished":
+		return fmt.Errorf("%w: run %s finished: there is nothing to abandon", ErrRunMismatch, runID)
+	}
+	lock, err := lockRebuild(ctx, pool, tables, row.consumer, row.stream, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lock.Release(context.WithoutCancel(ctx)) }()
+	if row.status == "running" {
+		if err := abandon(ctx, pool, tables, row); err != nil {
+			return err
+		}
+	}
+	if err := cleanupScope(ctx, pool, tables, rebuildScope(row.consumer, runID)); err != nil {
+		return fmt.Errorf("replay: abandon run %s (run it again to finish): %w", runID, err)
+	}
+	return nil
+}
+
+// abandon drops the shadows of the running rebuild row, deletes its parked
+// events and marks it abandoned, in one transaction.
+func abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, row *run) error {
+	runID := row.id
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, fmt.Sprintf(abandonSQL, tables.Table("replay_runs")), runID)
+		if err != nil {
+			return fmt.Errorf("replay: abandon run %s: %w", runID, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("%w: run %s finished meanwhile", ErrRunMismatch, runID)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+tables.Table("projection_parked")+` WHERE projection = $1`,
+			shadow.Scope(*row.projection)); err != nil {
+			return fmt.Errorf("replay: abandon run %s: delete its parked events: %w", runID, err)
+		}
+		return shadowSet{schema: *row.schema, tables: row.tables}.drop(ctx, tx)
+	})
+}

@@ -1,0 +1,329 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/shadow"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/streamio"
+)
+
+// errSwapAgain postpones a swap that could not complete now: the live
+// batches in flight or the readers of the live tables held their locks too
+// long, or the final catch-up ran past the pause limit. The rebuild
+// catches up again and tries anew.
+var errSwapAgain = errors.New("replay: swap postponed")
+
+// tableLockTimeout bounds the wait for the live tables' readers at the
+// swap; readers that come meanwhile wait behind it.
+const tableLockTimeout = 2 * time.Second
+
+// pauseLimit bounds how long a swap holds the live consumer's batches:
+// well inside their own wait for the gate (HandlerTimeout).
+func (r *runner) pauseLimit() time.Duration { return min(10*time.Second, r.cfg.HandlerTimeout/2) }
+
+// swapIn ends an online rebuild in one transaction: it takes the live
+// consumer's swap gate (its batch in flight commits first; the next one
+// waits), applies the messages the live consumer committed since the last
+// catch-up, hands the inbox over, swaps the tables and finishes the run.
+// Readers wait only for the final statements, never see a missing or
+// partial table, and read the rebuilt tables afterwards; the live consumer
+// goes on from the same checkpoint on the new tables.
+func (r *runner) swapIn(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("replay: swap: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("replay: swap: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommitTimeout)
+		_ = tx.Rollback(rctx) // a no-op after commit
+		cancel()
+	}()
+	r.setPhase(phaseSwapping)
+	diff, err := r.diffInbox(ctx)
+	if err != nil {
+		return err
+	}
+	limit := r.pauseLimit()
+	if err := setLocal(ctx, tx, "lock_timeout", r.cfg.HandlerTimeout+r.cfg.CommitTimeout); err != nil {
+		return err
+	}
+	if err := setLocal(ctx, tx, "idle_in_transaction_session_timeout", limit+5*time.Second); err != nil {
+		return err
+	}
+	gate := store.SwapGate(r.tables, r.cfg.Name, r.o.Stream)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, gate); err != nil {
+		return postpone("wait for the live batch in flight", err)
+	}
+	paused := time.Now()
+	live, delta, err := r.catchUpPaused(ctx, tx, diff.upTo, limit)
+	if err != nil {
+		return err
+	}
+	caughtUp := time.Now()
+	if err := r.handOver(ctx, tx, live, diff, delta); err != nil {
+		return err
+	}
+	r.log.Debug("swap", "final_messages", live-diff.upTo, "catch_up", caughtUp.Sub(paused), "hand_over", time.Since(caughtUp))
+	if r.o.beforeSwapCommit != nil {
+		if err := r.o.beforeSwapCommit(ctx); err != nil {
+			return err
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CommitTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return fmt.Errorf("replay: swap: commit: %w", err)
+	}
+	r.swapped(live, time.Since(paused))
+	return nil
+}
+
+// setLocal sets a setting for the rest of tx.
+func setLocal(ctx context.Context, tx pgx.Tx, name string, d time.Duration) error {
+	ms := strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+	if _, err := tx.Exec(ctx, `SELECT set_config($1, $2, true)`, name, ms); err != nil {
+		return fmt.Errorf("replay: swap: set %s: %w", name, err)
+	}
+	return nil
+}
+
+// postpone turns a lock wait past its timeout into errSwapAgain.
+func postpone(what string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return fmt.Errorf("%w: %s: %w", errSwapAgain, what, err)
+	}
+	return fmt.Errorf("replay: swap: %s: %w", what, err)
+}
+
+// catchUpPaused applies, while the gate holds the live consumer, the
+// messages it committed after upTo, the rebuild's position before the
+// pause, and returns its checkpoint — where the rebuilt tables hand over —
+// with the ids of the messages applied.
+func (r *runner) catchUpPaused(ctx context.Context, tx pgx.Tx, upTo int64, limit time.Duration) (int64, []string, error) {
+	live, ok, err := store.Checkpoint(ctx, tx, r.tables, r.cfg.Name, r.o.Stream)
+	if err != nil {
+		return 0, nil, err
+	}
+	if !ok {
+		live = -1
+	}
+	r.end.Store(live)
+	switch done, err := r.applied(ctx, tx); {
+	case err != nil:
+		return 0, nil, err
+	case done != upTo:
+		return 0, nil, fmt.Errorf("replay: swap: the rebuild moved from %d to %d outside the swap", upTo, done)
+	case live == done:
+		return live, nil, nil
+	case live < done:
+		return 0, nil, fmt.Errorf("replay: the live consumer's checkpoint went back to %d, before the rebuild's %d", live, done)
+	}
+	var ids []string
+	r.seen = func(recs []streamio.Record) {
+		for _, it := range r.sc.Prepare(streamio.Raws(r.o.Stream, recs, time.Now())) {
+			ids = append(ids, it.ID)
+		}
+	}
+	defer func() { r.seen = nil }()
+	pctx, cancel := context.WithTimeout(ctx, limit)
+	err = r.read(pctx, r.resumeAt(upTo), live)
+	cancel()
+	if err != nil && ctx.Err() == nil && errors.Is(pctx.Err(), context.DeadlineExceeded) {
+		return 0, nil, fmt.Errorf("%w: the final %d messages took longer than %s", errSwapAgain, live-upTo, limit)
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	if done, err := r.applied(ctx, tx); err != nil || done != live {
+		return 0, nil, errors.Join(err, fmt.Errorf("replay: swap: the rebuild applied up to %d, not the live checkpoint %d", done, live))
+	}
+	return live, ids, nil
+}
+
+// handOver, in the swap transaction, gives the live consumer the rebuild's
+// inbox and parked events, swaps the tables and finishes the run.
+func (r *runner) handOver(ctx context.Context, tx pgx.Tx, live int64, diff inboxDiff, delta []string) error {
+	if err := r.mergeInbox(ctx, tx, diff, delta); err != nil {
+		return err
+	}
+	if err := r.moveParked(ctx, tx); err != nil {
+		return err
+	}
+	if err := setLocal(ctx, tx, "lock_timeout", tableLockTimeout); err != nil {
+		return err
+	}
+	if err := r.shadows(r.row).replace(ctx, tx); err != nil {
+		return postpone("swap the tables", err)
+	}
+	return r.finishRun(ctx, tx, &live)
+}
+
+// The inbox hand-over: the live scope must know exactly the messages the
+// rebuilt tables applied, so that a message delivered again after the swap
+// is a duplicate if and only if the new tables hold it. Rows the inbox
+// retention made the live scope forget (at or below its horizon) stay
+// forgotten.
+//
+// Comparing the scopes reads every row, so it runs before the pause, for
+// the messages up to the rebuild's position, which neither scope claims
+// again: forgetDiffSQL lists the live rows the rebuild did not apply,
+// learnDiffSQL the rebuild's rows the live scope lacks or holds with
+// another payload. In the pause, forgetSQL and learnSQL apply those lists
+// and the messages of the final catch-up, by id.
+const (
+	forgetDiffSQL = `SELECT l.message_id FROM %[1]s AS l
+WHERE l.consumer = $1 AND l.source = $3 AND l.stream_offset <= $4
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
+	learnDiffSQL = `SELECT s.message_id FROM %[1]s AS s
+WHERE s.consumer = $2 AND s.stream_offset <= $3 AND s.stream_offset > $4
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS l
+		WHERE l.consumer = $1 AND l.message_id = s.message_id AND l.payload_hash = s.payload_hash)`
+	forgetSQL = `DELETE FROM %[1]s AS l WHERE l.consumer = $1 AND l.message_id = ANY($3::text[])
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
+	learnSQL = `INSERT INTO %[1]s AS l (consumer, message_id, payload_hash, business_key, source, stream_offset, received_at)
+SELECT $1, s.message_id, s.payload_hash, s.business_key, s.source, s.stream_offset, s.received_at
+FROM %[1]s AS s
+WHERE s.consumer = $2 AND s.message_id = ANY($3::text[]) AND (s.stream_offset IS NULL OR s.stream_offset > $4)
+	AND NOT EXISTS (SELECT 1 FROM %[1]s AS x
+		WHERE x.consumer = $1 AND x.message_id = s.message_id AND x.payload_hash = s.payload_hash)
+ON CONFLICT (consumer, message_id) DO UPDATE SET payload_hash = EXCLUDED.payload_hash,
+	business_key = EXCLUDED.business_key, source = EXCLUDED.source, stream_offset = EXCLUDED.stream_offset`
+)
+
+// inboxDiff is the inbox hand-over prepared before the pause: the
+// differences between the scopes up to offset upTo.
+type inboxDiff struct {
+	upTo          int64
+	forget, learn []string
+}
+
+// diffInbox compares the scopes up to the rebuild's position.
+func (r *runner) diffInbox(ctx context.Context) (inboxDiff, error) {
+	d := inboxDiff{}
+	var err error
+	if d.upTo, err = r.applied(ctx, r.pool); err != nil {
+		return d, err
+	}
+	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
+	if d.forget, err = r.ids(ctx, fmt.Sprintf(forgetDiffSQL, table), r.cfg.Name, own, r.o.Stream, d.upTo); err != nil {
+		return d, err
+	}
+	horizon, err := r.horizon(ctx, r.pool)
+	if err != nil {
+		return d, err
+	}
+	d.learn, err = r.ids(ctx, fmt.Sprintf(learnDiffSQL, table), r.cfg.Name, own, d.upTo, horizon)
+	return d, err
+}
+
+// horizon returns the highest offset retention made the live scope
+// forget, -1 for none.
+func (r *runner) horizon(ctx context.Context, q inbox.Querier) (int64, error) {
+	ib, err := inbox.New(inbox.Config{Tables: r.tables})
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	h, forgot, err := ib.Horizon(ctx, q, r.cfg.Name, r.o.Stream)
+	if err != nil || !forgot || h.Offset == nil {
+		return -1, err
+	}
+	return *h.Offset, nil
+}
+
+// ids runs a query that lists message ids.
+func (r *runner) ids(ctx context.Context, sql string, args ...any) ([]string, error) {
+	rows, err := r.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
+	}
+	return ids, nil
+}
+
+// mergeInbox makes the live inbox scope hold what the rebuild's holds: the
+// differences found before the pause, and those among the messages the
+// pause applied.
+func (r *runner) mergeInbox(ctx context.Context, tx pgx.Tx, d inboxDiff, delta []string) error {
+	horizon, err := r.horizon(ctx, tx)
+	if err != nil {
+		return err
+	}
+	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
+	b := &pgx.Batch{}
+	b.Queue(fmt.Sprintf(forgetSQL, table), r.cfg.Name, own, append(d.forget, delta...))
+	b.Queue(fmt.Sprintf(learnSQL, table), r.cfg.Name, own, append(d.learn, delta...), horizon)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("replay: swap: hand the inbox over: %w", err)
+	}
+	return nil
+}
+
+// moveParked replaces the live projection's parked events with the
+// rebuild's.
+func (r *runner) moveParked(ctx context.Context, tx pgx.Tx) error {
+	table, name := r.tables.Table("projection_parked"), *r.row.projection
+	b := &pgx.Batch{}
+	b.Queue(`DELETE FROM `+table+` WHERE projection = $1`, name)
+	b.Queue(`UPDATE `+table+` SET projection = $1 WHERE projection = $2`, name, shadow.Scope(name))
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("replay: swap: move the parked events: %w", err)
+	}
+	return nil
+}
+
+// swapped records a swap that committed.
+func (r *runner) swapped(live int64, pause time.Duration) {
+	r.pause.Store(int64(pause))
+	r.setPhase(phaseSwapped)
+	r.sum.Handoff, r.sum.HasHandoff, r.sum.End, r.sum.Pause, r.sum.Swapped = live, true, live, pause, true
+	r.row.status = "finished"
+	r.log.Info("rebuild swapped in", "projection", *r.row.projection, "handoff", live, "pause", pause,
+		"messages", r.sum.Messages, "processed", r.sum.Processed, "duplicates", r.sum.Duplicates)
+}
+
+// cleanupChunk is how many rows one statement of cleanupScope deletes.
+const cleanupChunk = 5000
+
+// cleanup deletes the inbox rows of a swapped rebuild's own scope, which
+// the swap copied to the live scope.
+func (r *runner) cleanup(ctx context.Context) error {
+	if err := cleanupScope(ctx, r.pool, r.tables, rebuildScope(r.cfg.Name, r.row.id)); err != nil {
+		return fmt.Errorf("replay: clean up after run %s (run it again to finish): %w", r.row.id, err)
+	}
+	return nil
+}
+
+// cleanupScope deletes the inbox rows of scope in bounded chunks.
+func cleanupScope(ctx context.Context, q queryer, tables idem.Tables, scope string) error {
+	table := tables.Table("inbox")
+	sql := `DELETE FROM ` + table + ` WHERE consumer = $1 AND message_id IN (
+		SELECT message_id FROM ` + table + ` WHERE consumer = $1 LIMIT $2)`
+	for {
+		tag, err := q.Exec(ctx, sql, scope, cleanupChunk)
+		if err != nil {
+			return fmt.Errorf("delete the inbox rows of %s: %w", scope, err)
+		}
+		if tag.RowsAffected() < cleanupChunk {
+			return nil
+		}
+	}
+}
