@@ -276,3 +276,31 @@ func TestDeadLettersWithoutAnIdAreFoundByTheirPayloadHash(t *testing.T) {
 	require.True(t, ids["sha256:"+out[0].Hash.String()], "rows: %v", ids)
 	require.True(t, ids["bad-\uFFFD-id"], "rows: %v", ids)
 }
+
+// A batch handler abandoned past its deadline may still read its messages
+// while the batch runs again message by message: the runtime must not write
+// to those messages meanwhile (the race detector watches).
+func TestAbandonedBatchHandlerDoesNotRaceTheRerun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stop := make(chan struct{})
+	defer close(stop)
+	c := e.newConsumer(e.effectHandler(), func(cfg *Config) { cfg.HandlerTimeout = 100 * time.Millisecond })
+	c.HandleBatch(func(ctx context.Context, tx pgx.Tx, ms []*Message) error {
+		for { // ignores its context, reading its messages
+			select {
+			case <-stop:
+				return nil
+			default:
+			}
+			for _, m := range ms {
+				_, _ = m.Attempt, m.RoutingKey
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	out, err := c.Process(context.Background(), []Incoming{{MessageID: "a", Body: []byte("1")}, {MessageID: "b", Body: []byte("2")}})
+	require.NoError(t, err)
+	require.Equal(t, []Result{Processed, Processed}, []Result{out[0].Result, out[1].Result})
+	require.Equal(t, map[string]int{"a": 1, "b": 1}, e.effects())
+}

@@ -1,125 +1,58 @@
 package consumer
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
 )
 
-// TestMain lets a test start this binary as a worker process (see
-// startWorker): with IDEM_TEST_WORKER set, it runs that worker instead of
-// the tests.
-func TestMain(m *testing.M) {
-	if mode := os.Getenv("IDEM_TEST_WORKER"); mode != "" {
-		os.Exit(runWorker(mode))
-	}
-	os.Exit(m.Run())
-}
+var (
+	buildWorker sync.Once
+	workerBin   string
+	workerErr   error
+)
 
-// runWorker is a worker process: "poison" exits the process on the
-// message "poison"; "memory" reports its resident high-water mark after
-// IDEM_TEST_EXPECT messages. Both record one effect per processed message.
-func runWorker(mode string) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pool, err := pgxpool.New(ctx, testdb.URL())
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer pool.Close()
-	tables := idem.Tables{Schema: os.Getenv("IDEM_TEST_SCHEMA")}
-	insert := `INSERT INTO ` + tables.QuotedSchema() + `.effects (message_id) VALUES ($1)`
-	c, err := New(Config{Name: "test", Pool: pool, Queue: os.Getenv("IDEM_TEST_QUEUE"), AMQPURL: testbroker.URL(),
-		Tables: tables, Logger: testrun.Logger(), Workers: 2, QueueType: os.Getenv("IDEM_TEST_QUEUE_TYPE")})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	hot := `UPDATE ` + tables.QuotedSchema() + `.accounts SET balance = balance + 1 WHERE id = $1`
-	c.Handle(func(ctx context.Context, tx pgx.Tx, m *Message) error {
-		if mode == "poison" && m.ID == "poison" {
-			os.Exit(3) // the process dies with the message unacked
+// workerBinary builds internal/testworker once per test binary, without the
+// race detector (its instrumentation would distort resident memory).
+func workerBinary(t *testing.T) string {
+	t.Helper()
+	buildWorker.Do(func() {
+		dir, err := os.MkdirTemp("", "idem-testworker-")
+		if err != nil {
+			workerErr = err
+			return
 		}
-		if mode == "hot" {
-			if _, err := tx.Exec(ctx, hot, hotAccount(m.ID)); err != nil {
-				return err
-			}
+		workerBin = filepath.Join(dir, "testworker")
+		out, err := exec.Command("go", "build", "-o", workerBin, "github.com/idemkit/idem/internal/testworker").CombinedOutput()
+		if err != nil {
+			workerErr = fmt.Errorf("go build internal/testworker: %v: %s", err, out)
 		}
-		_, err := tx.Exec(ctx, insert, m.ID)
-		return err
 	})
-	expect, _ := strconv.ParseInt(os.Getenv("IDEM_TEST_EXPECT"), 10, 64)
-	go func() { // owned: ends with the process
-		for mode == "memory" && settled(c) < expect {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if mode == "memory" {
-			fmt.Printf("vmhwm=%d\n", vmHWM())
-			cancel()
-		}
-	}()
-	if err := c.Run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	if workerErr != nil {
+		t.Fatal(workerErr)
 	}
-	return 0
+	return workerBin
 }
 
-// hotAccounts is how many rows the "hot" workers' handlers update.
-const hotAccounts = 20
-
-// hotAccount is the account a message of the "hot" workers updates.
-func hotAccount(id string) int {
-	h := 0
-	for _, c := range []byte(id) {
-		h = h*31 + int(c)
-	}
-	return (h%hotAccounts + hotAccounts) % hotAccounts
-}
-
-// vmHWM is this process's resident high-water mark in bytes.
-func vmHWM() int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return -1
-	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return -1
-}
-
-// startWorker runs this test binary as a worker process of mode on e's
-// queue and schema, and returns it (its stdout is collected).
+// startWorker runs internal/testworker in mode on e's queue and schema, and
+// returns it (its stdout is collected).
 func (e *env) startWorker(mode string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
 	e.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "IDEM_TEST_WORKER="+mode, "IDEM_TEST_QUEUE="+e.queue, "IDEM_TEST_SCHEMA="+e.tables.Schema)
-	cmd.Env = append(cmd.Env, extra...)
+	args := append([]string{"-mode", mode, "-queue", e.queue, "-schema", e.tables.Schema}, extra...)
+	cmd := exec.Command(workerBinary(e.t), args...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = os.Stderr
@@ -203,7 +136,7 @@ func TestLargeMessagesKeepResidentMemoryBounded(t *testing.T) {
 		require.NoError(t, pub.PublishWithContext(context.Background(), "", e.queue, false, false,
 			amqp.Publishing{MessageId: fmt.Sprintf("big-%d", i), Body: body, DeliveryMode: amqp.Transient}))
 	}
-	cmd, out := e.startWorker("memory", "IDEM_TEST_EXPECT=40", "IDEM_TEST_QUEUE_TYPE=classic")
+	cmd, out := e.startWorker("memory", "-expect", "40", "-queue-type", "classic")
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
@@ -233,7 +166,7 @@ func TestCompetingProcessesOnHotRowsDrainExactlyOnce(t *testing.T) {
 	e.declare(nil)
 	_, err := e.pool.Exec(context.Background(), `CREATE TABLE `+e.tables.QuotedSchema()+`.accounts (id int PRIMARY KEY, balance bigint NOT NULL)`)
 	require.NoError(t, err)
-	_, err = e.pool.Exec(context.Background(), `INSERT INTO `+e.tables.QuotedSchema()+`.accounts SELECT g, 0 FROM generate_series(0, $1 - 1) g`, hotAccounts)
+	_, err = e.pool.Exec(context.Background(), `INSERT INTO `+e.tables.QuotedSchema()+`.accounts SELECT g, 0 FROM generate_series(0, $1 - 1) g`, 20)
 	require.NoError(t, err)
 	const n = 3000
 	for i := range n {

@@ -223,7 +223,10 @@ func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{})
 	var carry []*delivery // postponed by the last batch: they run in this one
 	var timer *time.Timer
 	for {
+		// Reused arrays must not keep old deliveries (their bodies) alive.
+		clear(batch[:cap(batch)])
 		batch = append(batch[:0], carry...)
+		clear(carry)
 		carry = carry[:0]
 		if len(batch) == 0 {
 			select {

@@ -1,0 +1,252 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// logFlusher is a minimal consumer.Defer: it queues INSERTs into log and
+// sends them at Flush.
+type logFlusher struct {
+	mu   sync.Mutex
+	sql  string
+	msgs []string
+}
+
+func (l *logFlusher) Flush(ctx context.Context, tx pgx.Tx) error {
+	for _, m := range l.msgs {
+		if _, err := tx.Exec(ctx, l.sql, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type logKey struct{}
+
+// a deferred write made before the write that postpones the message is
+// flushed with the batch although the message leaves it: it applies twice.
+func TestAMessageThatDeferredAWriteIsNeverPostponed(t *testing.T) {
+	t.Parallel()
+	holding, release := make(chan struct{}), make(chan struct{})
+	var f *fixture
+	var logSQL string
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		if d := idem.DeferredFrom(ctx); d != nil && it.ID != "a" {
+			fl := d.Use(logKey{}, func() idem.Flusher { return &logFlusher{sql: logSQL} }).(*logFlusher)
+			fl.msgs = append(fl.msgs, it.ID)
+		} else if it.ID != "a" {
+			if _, err := tx.Exec(ctx, logSQL, it.ID); err != nil {
+				return err
+			}
+		}
+		if err := f.updateAccount(ctx, tx, it); err != nil {
+			return err
+		}
+		if it.ID == "a" {
+			close(holding)
+			<-release
+		}
+		return nil
+	}, nil)
+	logSQL = `INSERT INTO ` + f.tables.QuotedSchema() + `.log (msg) VALUES ($1)`
+	f.exec(`CREATE TABLE ` + f.tables.QuotedSchema() + `.log (msg text)`)
+	ctx := context.Background()
+	doneA := make(chan []Result, 1)
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true}) }()
+	<-holding
+	b1, b2 := item("b1", 1), item("b2", 2)
+	go func() { time.Sleep(300 * time.Millisecond); close(release) }()
+	res := f.eng.Run(ctx, []*Item{b1, b2}, Options{Postpone: true})
+	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res), "b1 deferred a write: it waits for a's row instead")
+	<-doneA
+	var n int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.QuotedSchema()+`.log WHERE msg = 'b1'`).Scan(&n))
+	require.Equal(t, 1, n, "b1's deferred write applied %d times", n)
+}
+
+var errPerm = errors.New("permanent")
+
+// a message dead-lettered earlier in a savepoint batch keeps its inbox
+// row when a later handler commits early, and is then acked as a duplicate.
+func TestEarlyCommitNeverAcksADeadLetteredMessageAsADuplicate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		switch it.ID {
+		case "k":
+			return errPerm
+		case "j":
+			_, err := tx.Conn().Exec(ctx, "COMMIT")
+			return err
+		}
+		return nil
+	}, func(cfg *Config) {
+		cfg.DeadLetterReason = func(err error) (string, bool) {
+			if errors.Is(err, errPerm) {
+				return "permanent", true
+			}
+			return "", false
+		}
+	})
+	ctx := context.Background()
+	res := f.eng.Run(ctx, []*Item{item("k", 1), item("j", 2)}, Options{})
+	require.Equal(t, "handler_ended_transaction", res[1].Reason)
+	var dl int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("dead_letters")+` WHERE message_id = 'k'`).Scan(&dl))
+	require.Equal(t, DeadLettered, res[0].Outcome, "k was never processed")
+	require.Equal(t, 1, dl, "k has no dead-letter row")
+}
+
+// a split ordered batch whose first half retries a message still runs
+// its second half: later messages commit (and settle) before it.
+func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var failed bool
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if it.Offset == 1 && !failed {
+			return errors.New("transient")
+		}
+		return nil
+	}, func(cfg *Config) { cfg.BatchRetries = 1 })
+	var items []*Item
+	for i := range 4 {
+		it := item(fmt.Sprintf("m%d", i), 0)
+		it.Offset, it.HasOffset = int64(i), true
+		items = append(items, it)
+	}
+	var settled []int64
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := f.eng.RunOrdered(ctx, ctx, items, Ordered{RetryBaseDelay: time.Millisecond, RetryMaxDelay: time.Millisecond,
+		Options: Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
+			if len(its) == 4 {
+				return errors.New("whole batch fails")
+			}
+			for i, r := range res {
+				if its[i].Offset == 1 && r.Outcome == Retry {
+					mu.Lock()
+					failed = true
+					mu.Unlock()
+				}
+			}
+			return nil
+		}},
+		Settled: func(it *Item, r Result) error { settled = append(settled, it.Offset); return nil }})
+	require.NoError(t, err)
+	require.Equal(t, []int64{0, 1, 2, 3}, settled, "settled out of order")
+}
+
+// a cross-process probe batch that ends with an excluded message never
+// reports done: probing stays set and batches stay serialized for good.
+func TestProbeEndedByAnExcludedMessageProbesAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		if it.ID == "slow" {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}, func(cfg *Config) { cfg.HandlerTimeout = 200 * time.Millisecond; cfg.MaxConcurrency = 1 })
+	g := f.eng.gov
+	g.mu.Lock()
+	g.serialUntil = time.Now().Add(-time.Millisecond) // serialized, probe due
+	g.mu.Unlock()
+	ctx := context.Background()
+	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Options{})
+	require.Equal(t, []Outcome{Retry, Processed}, outcomes(res))
+	for i := range 5 {
+		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Options{})
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	require.False(t, g.probing, "probe never reported")
+	require.True(t, g.serialUntil.IsZero() || time.Until(g.serialUntil) > 0, "serialized with no probe to come")
+}
+
+// a handler that commits and reopens the transaction through tx.Conn()
+// ("COMMIT; BEGIN") passes the TxStatus check; when the batch then fails
+// and reruns, every message after it finds its claim committed and is acked
+// as a duplicate without having run.
+func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
+	t.Parallel()
+	var cFailed bool
+	var mu sync.Mutex
+	var f *fixture
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		switch it.ID {
+		case "j":
+			_, err := tx.Conn().Exec(ctx, "COMMIT; BEGIN")
+			return err
+		case "k":
+			mu.Lock()
+			defer mu.Unlock()
+			if !cFailed {
+				cFailed = true
+				return errors.New("transient, once")
+			}
+		}
+		return f.updateAccount(ctx, tx, it)
+	}, nil)
+	ctx := context.Background()
+	res := f.eng.Run(ctx, []*Item{item("j", 1), item("k", 2), item("m", 3)}, Options{})
+	require.Equal(t, []Outcome{DeadLettered, Processed, Processed}, outcomes(res))
+	require.Equal(t, "handler_ended_transaction", res[0].Reason)
+	require.Equal(t, 1, f.balance(2), "k's effect")
+	require.Equal(t, 1, f.balance(3), "m's effect")
+}
+
+// a batch handler that commits early through tx.Conn() before writing
+// marks every message done; their claims stay, the rerun acks them all as
+// duplicates, nothing is dead-lettered and no write happened.
+func TestBatchHandlerThatCommitsEarlyAcksNothingUnprocessed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil, nil)
+	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*Item) error {
+		if _, err := tx.Conn().Exec(ctx, "COMMIT"); err != nil {
+			return err
+		}
+		return errors.New("failed after the early commit, before writing")
+	})
+	ctx := context.Background()
+	res := f.eng.Run(ctx, []*Item{item("a", 1), item("b", 2)}, Options{})
+	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res), "message by message after the repair")
+	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)}, "a and b each applied once")
+}
+
+// in order, an item excluded for a timeout defers the items before it too.
+func TestExcludedRetryDefersOnlyTheMessagesAfterIt(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		mu.Lock()
+		runs[it.ID]++
+		n := runs[it.ID]
+		mu.Unlock()
+		if it.ID == "m2" && n == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}, func(cfg *Config) { cfg.HandlerTimeout = 200 * time.Millisecond })
+	var items []*Item
+	for i := range 4 {
+		it := item(fmt.Sprintf("m%d", i), 0)
+		it.Offset, it.HasOffset = int64(i), true
+		items = append(items, it)
+	}
+	res := f.eng.Run(context.Background(), items, Options{InOrder: true})
+	require.Equal(t, []Outcome{Processed, Processed, Retry, Deferred}, outcomes(res), "runs %v", runs)
+}
