@@ -15,7 +15,7 @@ import (
 )
 
 // BenchmarkRecordEffectOverhead measures what recording one ledger effect
-// per message costs the runtime (issue 4: at most 15% less throughput). In
+// per message costs the runtime (the target: at most 15% less throughput). In
 // the same run it drains b.N pre-published capture requests through the
 // consumer with two handlers, each time on a fresh queue and schema: the
 // baseline only inserts the payment row; the other is the worker's handler,
