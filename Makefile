@@ -36,6 +36,7 @@ vet:
 # bench: every figure of BENCHMARKS.md, each against its same-run baseline.
 bench: services
 	$(GO) run ./bench/consumer
+	$(GO) run ./bench/competing
 	$(GO) test -run '^$$' -bench ProcessBatch -benchmem -count 3 ./consumer
 	$(GO) test -run '^$$' -bench Claim -benchtime 3s ./inbox/
 	$(GO) test -run '^$$' -bench BenchmarkDispatchHTTP -benchtime 20000x -count 3 ./ledger

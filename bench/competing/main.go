@@ -267,7 +267,11 @@ func worker(ctx context.Context, o options) error {
 	}
 	defer pool.Close()
 	tables := idem.Tables{Schema: o.schema}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("IDEM_BENCH_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	c, err := consumer.New(consumer.Config{Name: o.child, Pool: pool, Queue: o.child, AMQPURL: o.amqpURL, Tables: tables,
 		Logger: logger})
 	if err != nil {

@@ -69,7 +69,7 @@ type plan struct {
 	savepoints  bool          // a savepoint per handler
 	newClaims   bool          // claim with a plain INSERT (ClaimNewBatch)
 	lockTimeout time.Duration // the transaction's lock_timeout
-	serial      bool          // take the consumer's advisory lock first (see governor)
+	serial      bool          // take the consumer's batch lock exclusively (see governor)
 	fixed       []Result      // results decided before this attempt; zero Outcome: run the item
 }
 
@@ -78,6 +78,9 @@ type plan struct {
 type batchError struct {
 	err        error
 	contention bool // deadlock, serialization failure or lock timeout
+	// foreign reports a conflict over a row no other batch of this process
+	// wrote: with another process's batch.
+	foreign bool
 }
 
 func (e *batchError) Error() string { return "batch: " + e.err.Error() }
@@ -263,10 +266,17 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	}
-	if p.serial {
-		// Queue behind the other processes' batches of this consumer.
+	if !o.ReadOnly {
+		// The consumer's batch lock, shared by the batches of every process:
+		// a batch of a process whose batches conflict with other processes'
+		// (see governor) takes it exclusively, and so runs alone, queued
+		// behind and before the others instead of timing out on their rows.
 		setMillis("lock_timeout", e.cfg.HandlerTimeout)
-		sb.WriteString("; SELECT pg_advisory_xact_lock(")
+		if p.serial {
+			sb.WriteString("; SELECT pg_advisory_xact_lock(")
+		} else {
+			sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
+		}
 		sb.WriteString(strconv.FormatInt(e.serialKey, 10))
 		sb.WriteString(")")
 	}

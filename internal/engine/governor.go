@@ -17,7 +17,7 @@ import (
 // from other processes with the same consumer: the governor then serializes
 // its batches across processes too — each takes a transaction-scoped
 // advisory lock of the consumer first, so batches of every process queue on
-// it instead of timing out on each other's rows — and every probeEvery it
+// it instead of timing out on each other's rows — and after a while it
 // tries a batch without it, staying serialized if that one conflicts.
 //
 // A suspect message runs alone: no batch is admitted while it waits for the
@@ -34,14 +34,25 @@ type governor struct {
 	// at that time one batch probes without the lock.
 	serialUntil time.Time
 	probing     bool
-	changed     chan struct{}
+	// probeAfter is how long batches stay serialized before the next probe:
+	// it doubles with each probe that conflicts, and each time batches
+	// serialize again soon after a probe went through (the others were
+	// serialized, not the contention gone), up to maxProbeAfter.
+	probeAfter time.Duration
+	// parallelSince is when the last probe went through.
+	parallelSince time.Time
+	changed       chan struct{}
 	// Limit mirrors limit for telemetry and Stats.
 	Limit atomic.Int64
 }
 
-// probeEvery is how long batches stay serialized across processes before
-// one tries without the lock.
-const probeEvery = 2 * time.Second
+// How long batches stay serialized across processes before one tries
+// without the lock: a probe that conflicts costs a lock timeout and a retry,
+// so while contention lasts they come rarer.
+const (
+	minProbeAfter = 2 * time.Second
+	maxProbeAfter = 30 * time.Second
+)
 
 func newGovernor(n int) *governor {
 	n = max(n, 1)
@@ -124,22 +135,30 @@ func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (rele
 }
 
 // done records how a batch transaction ended; serial says whether it held
-// the consumer's advisory lock, solo whether it ran alone in this process
-// (so that a conflict it met was with another process).
+// the consumer's batch lock exclusively, solo whether a conflict it met was
+// with another process (it ran alone in this process, or its row was no
+// other batch's here).
 func (g *governor) done(contention, serial, solo bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !serial && g.probing {
 		g.probing = false
 		if contention {
-			g.serialUntil = time.Now().Add(probeEvery)
+			g.probeAfter = min(2*g.probeAfter, maxProbeAfter)
+			g.serialUntil = time.Now().Add(g.probeAfter)
 		} else {
 			g.serialUntil = time.Time{} // the probe went through: parallel again
+			g.parallelSince = time.Now()
 		}
 	}
 	switch {
 	case contention && solo && !serial:
-		g.serialUntil = time.Now().Add(probeEvery) // conflicts with other processes
+		if time.Since(g.parallelSince) < 2*maxProbeAfter {
+			g.probeAfter = min(2*max(g.probeAfter, minProbeAfter), maxProbeAfter) // back soon: the contention lasts
+		} else {
+			g.probeAfter = minProbeAfter
+		}
+		g.serialUntil = time.Now().Add(g.probeAfter) // conflicts with other processes
 		g.streak = 0
 	case contention:
 		g.limit = max(1, g.limit/2)

@@ -89,3 +89,25 @@ func TestExclusiveRunWaitsForRunningBatchesAndHoldsNewOnesBack(t *testing.T) {
 		t.Fatal("the exclusive run never started")
 	}
 }
+
+// Batches that serialize again soon after a probe went through (the probe
+// met no conflict because the other processes were serialized) probe less
+// and less often while the contention lasts.
+func TestGovernorProbesLessOftenWhileContentionLasts(t *testing.T) {
+	g := newGovernor(1)
+	g.done(true, false, true) // a conflict with another process
+	first := g.probeAfter
+	if first != minProbeAfter {
+		t.Fatalf("first serialization probes after %s, want %s", first, minProbeAfter)
+	}
+	g.mu.Lock()
+	g.serialUntil = time.Now().Add(-time.Millisecond)
+	g.mu.Unlock()
+	release, serial, _, _ := g.admit(context.Background(), nil)
+	release()
+	g.done(false, serial, true) // the probe went through
+	g.done(true, false, true)   // and batches conflict again at once
+	if g.probeAfter != 2*first {
+		t.Fatalf("probe after %s, want %s", g.probeAfter, 2*first)
+	}
+}

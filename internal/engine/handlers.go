@@ -125,7 +125,7 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 		if c == nil {
 			c = herr
 		}
-		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), c), contention: true}
+		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), c), contention: true, foreign: b.htx.foreign}
 	}
 	if !b.p.savepoints {
 		return errNeedSavepoints // the failure cannot be undone alone

@@ -72,7 +72,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 		}
 		be, _ := errors.AsType[*batchError](err)
 		contention := be != nil && be.contention
-		e.gov.done(contention, serial, solo)
+		e.gov.done(contention, serial, solo || be != nil && be.foreign)
 		if err == nil {
 			return res
 		}

@@ -39,8 +39,11 @@ type handlerTx struct {
 	// began: a message that deferred a write has written.
 	deferredAt int
 	// contention is the last lock conflict one of the message's statements
-	// met, however the handler wraps it.
+	// met, however the handler wraps it; foreign reports that it was on a
+	// row no other batch of this process wrote: another process holds it.
 	contention error
+	foreign    bool
+	owned      bool // the last write statement's row is this batch's alone
 	// raw reports that the handler took the raw connection (Conn), which
 	// bypasses the guard; xid is the transaction id it had then.
 	raw bool
@@ -64,6 +67,7 @@ var errPostponed = errors.New("engine: another batch in flight writes this row; 
 // next readies the transaction for the next message's handler.
 func (t *handlerTx) next(postpone bool) {
 	t.postpone, t.wrote, t.postponed, t.contention, t.raw = postpone, false, false, nil, false
+	t.foreign, t.owned = false, false
 	if t.b != nil && t.b.deferred != nil {
 		t.deferredAt = t.b.deferred.Uses()
 	}
@@ -77,7 +81,8 @@ func (t *handlerTx) deferredSince() bool {
 // note remembers a lock conflict among a statement's errors.
 func (t *handlerTx) note(err error) error {
 	if err != nil && isContention(err) {
-		t.top().contention = err
+		top := t.top()
+		top.contention, top.foreign = err, top.owned
 	}
 	return err
 }
@@ -96,7 +101,8 @@ func (t *handlerTx) admit(sql string, args []any) error {
 		return nil // abandoned: its keys were released and stay so
 	}
 	key := rowKey(sql, args)
-	if t.b.e.keys.take(t.b, key) {
+	t.owned = t.b.e.keys.take(t.b, key)
+	if t.owned {
 		t.b.keys = append(t.b.keys, key)
 	} else if t.postpone && !t.wrote && !t.deferredSince() {
 		t.postponed = true
