@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // maxClaimAttempts bounds how often a claim is retried when the row it
@@ -51,6 +52,13 @@ const claimNewBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash,
 SELECT c, m, h, NULLIF(k, ''), s, o
 FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[]) AS u(c, m, h, k, s, o)`
 
+// The lookups of a batch's keys join the rows to an array of whole keys,
+// the consumer with each message id, and are planned at each execution
+// (store.PlannedNow). Written as consumer = $1 AND message_id = ANY($2),
+// they let the planner read the consumer's whole range and filter the ids
+// when its statistics say the consumer has few rows: they say so for every
+// consumer that started after the table was last analyzed, until the
+// consumer's rows reach a tenth of the table.
 const storedHashesSQL = `SELECT t.consumer, t.message_id, t.payload_hash
 FROM %[1]s AS t
 JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message_id = u.m`
@@ -60,9 +68,10 @@ JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message
 const unclaimSQL = `DELETE FROM %[1]s
 WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
 
-// unclaimBatchSQL is unclaimSQL for many ids at once.
-const unclaimBatchSQL = `DELETE FROM %[1]s
-WHERE consumer = $1 AND message_id = ANY($2::text[]) AND xmin = pg_current_xact_id()::xid`
+// unclaimBatchSQL is unclaimSQL for many keys at once.
+const unclaimBatchSQL = `DELETE FROM %[1]s AS t
+USING unnest($1::text[], $2::text[]) AS u(c, m)
+WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin = pg_current_xact_id()::xid`
 
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
@@ -296,12 +305,11 @@ func batchArgs(claims []Claim, idx []int) []any {
 
 // storedHashes reads the stored hashes of claims[idx].
 func (ib *Inbox) storedHashes(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]idem.Hash, error) {
-	consumers := make(pointerArray[textElem], len(idx))
-	ids := make(pointerArray[textElem], len(idx))
+	consumers, ids := make([]string, len(idx)), make([]string, len(idx))
 	for j, i := range idx {
-		consumers[j], ids[j] = textElem(claims[i].Consumer), textElem(claims[i].MessageID)
+		consumers[j], ids[j] = claims[i].Consumer, claims[i].MessageID
 	}
-	rows, err := tx.Query(ctx, ib.sql.storedHashes, portable(tx, []any{consumers, ids})...)
+	rows, err := tx.Query(ctx, ib.sql.storedHashes, store.PlannedNow(tx.Conn(), consumers, ids)...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: read %d stored hashes: %w", len(idx), err)
 	}
@@ -354,7 +362,11 @@ func (ib *Inbox) UnclaimBatch(ctx context.Context, tx pgx.Tx, consumer string, m
 			return 0, err
 		}
 	}
-	tag, err := tx.Exec(ctx, ib.sql.unclaimBatch, consumer, messageIDs)
+	consumers := make([]string, len(messageIDs))
+	for i := range consumers {
+		consumers[i] = consumer
+	}
+	tag, err := tx.Exec(ctx, ib.sql.unclaimBatch, store.PlannedNow(tx.Conn(), consumers, messageIDs)...)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: unclaim %d messages: %w", len(messageIDs), err)
 	}

@@ -13,7 +13,7 @@ import (
 // The batch claims work in every pgx query exec mode, the exec and
 // simple-protocol modes (PgBouncer's) included, where parameters travel
 // without their PostgreSQL type: same decisions, same rows, NULL for an
-// empty business key.
+// empty business key, and an unclaim removes this transaction's rows only.
 func TestBatchClaimsWorkInEveryQueryExecMode(t *testing.T) {
 	t.Parallel()
 	pool, ib, tables := setup(t)
@@ -60,6 +60,13 @@ func TestBatchClaimsWorkInEveryQueryExecMode(t *testing.T) {
 			require.NoError(t, p.QueryRow(t.Context(), `SELECT count(*) FROM `+tables.Table("inbox")+
 				` WHERE consumer = $1 AND business_key IS NULL`, consumer).Scan(&nulls))
 			require.Equal(t, 2, nulls, "m-2 and m-3 have no business key")
+			require.NoError(t, pgx.BeginFunc(t.Context(), p, func(tx pgx.Tx) error {
+				_, err := ib.ClaimNewBatch(t.Context(), tx, []inbox.Claim{{Consumer: consumer, MessageID: "m-4", PayloadHash: hash("d")}})
+				require.NoError(t, err)
+				n, err := ib.UnclaimBatch(t.Context(), tx, consumer, []string{"m-1", "m-4"})
+				require.EqualValues(t, 1, n, "only m-4 was claimed by this transaction")
+				return err
+			}))
 		})
 	}
 }

@@ -50,6 +50,7 @@ type idemStats struct {
 	batches       int64   // committed batch transactions (Stats)
 	retries       int64   // batch retries, all causes
 	contention    int64   // batch retries after a deadlock or serialization failure
+	postponed     int64   // messages that left a batch for a later one (another batch wrote their row)
 	commits       int64   // COMMITs sent, failed ones included
 	commitSeconds float64 // time spent in COMMIT, summed over commits
 }
@@ -378,6 +379,13 @@ func idemMetrics(ctx context.Context, reader *sdkmetric.ManualReader) (idemStats
 		for _, m := range sm.Metrics {
 			switch data := m.Data.(type) {
 			case metricdata.Sum[int64]:
+				if m.Name == "idem.consumer.messages" {
+					for _, dp := range data.DataPoints {
+						if v, ok := dp.Attributes.Value("outcome"); ok && v.AsString() == "postponed" {
+							s.postponed += dp.Value
+						}
+					}
+				}
 				if m.Name != "idem.consumer.batch.retries" {
 					continue
 				}

@@ -123,12 +123,12 @@ func (r *report) markdown() string {
 	if len(r.modes) > 0 {
 		fmt.Fprintf(&w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
 			r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
-		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | steal | commits | msg/commit | avg commit ms | batch retries (deadlocks) |\n")
-		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | steal | commits | msg/commit | avg commit ms | batch retries (deadlocks) | postponed |\n")
+		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for i := range r.modes {
 			x := &r.modes[i]
 			raw, naive := r.modeIn("raw", x.round), r.modeIn("naive", x.round)
-			commits, perCommit, commitMs, retries := "—", "—", "—", "—"
+			commits, perCommit, commitMs, retries, postponed := "—", "—", "—", "—", "—"
 			switch {
 			case x.mode == "naive":
 				commits, perCommit = fmt.Sprint(x.n), "1.0"
@@ -138,6 +138,7 @@ func (r *report) markdown() string {
 				perCommit = fmt.Sprintf("%.1f", float64(x.n)/float64(max(s.batches, 1)))
 				commitMs = fmt.Sprintf("%.2f", 1000*s.commitSeconds/float64(max(s.commits, 1)))
 				retries = fmt.Sprintf("%d (%d)", s.retries, s.contention)
+				postponed = fmt.Sprint(s.postponed)
 			}
 			label := x.mode
 			if r.opts.repeat > 1 {
@@ -148,10 +149,10 @@ func (r *report) markdown() string {
 			}
 			u := x.cpu
 			perMsg := x.coreMicros()
-			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s |\n",
+			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s | %s |\n",
 				label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
 				u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
-				perMsg, 100*u.machine, 100*u.steal, commits, perCommit, commitMs, retries)
+				perMsg, 100*u.machine, 100*u.steal, commits, perCommit, commitMs, retries, postponed)
 		}
 		w.WriteString("\n")
 	}
@@ -235,7 +236,8 @@ then. raw acks each delivery by hand without a database. naive runs
 BEGIN; INSERT INTO dedup (message_id) ON CONFLICT DO NOTHING; UPDATE; COMMIT;
 ack. idem runs consumer.New with defaults except Prefetch, a handler doing
 the UPDATE, and an in-process OpenTelemetry reader (commits, commit time,
-batch retries); idem-ordered adds OrderingKey = account; idem-deferred also
+batch retries, postponed messages: those that left their batch because
+another batch in flight had written their row); idem-ordered adds OrderingKey = account; idem-deferred also
 sends the UPDATE through consumer.Defer (pipelined before the commit). After each mode the
 sum of balances must have grown by exactly the number of messages recorded
 as processed (dedup or inbox rows), and by all of them unless capped.

@@ -119,6 +119,43 @@ func TestMessageThatWouldWaitForAnotherBatchIsPostponed(t *testing.T) {
 	require.Equal(t, 1, f.balance(2))
 }
 
+// A postponed message runs again at the end of its batch: when the batch
+// that held its row has committed by then, it applies in this batch, once,
+// and its inbox row commits with it (a second delivery is a duplicate).
+func TestPostponedMessageRunsAtTheEndOfItsBatchWhenTheRowIsFree(t *testing.T) {
+	t.Parallel()
+	holding, release, committedA := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var f *fixture
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		if err := f.updateAccount(ctx, tx, it); err != nil {
+			return err
+		}
+		switch it.ID {
+		case "a":
+			close(holding)
+			<-release
+		case "b2": // runs after b1 was postponed: let batch A commit first
+			close(release)
+			<-committedA
+		}
+		return nil
+	}, nil)
+	ctx := context.Background()
+	doneA := make(chan []Result, 1)
+	go func() {
+		res := f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true})
+		close(committedA)
+		doneA <- res
+	}()
+	<-holding
+	b1 := item("b1", 1)
+	require.Equal(t, []Outcome{Processed, Processed}, outcomes(f.eng.Run(ctx, []*Item{b1, item("b2", 2)}, Options{Postpone: true})))
+	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
+	require.Equal(t, []Outcome{Duplicate}, outcomes(f.eng.Run(ctx, []*Item{b1}, Options{Postpone: true})))
+	require.Equal(t, 2, f.balance(1))
+	require.Equal(t, 1, f.balance(2))
+}
+
 // Without Postpone (ordered sources, ordering keys) the same message waits
 // for the other batch's lock and commits after it, in order.
 func TestWithoutPostponeAMessageWaitsForTheOtherBatch(t *testing.T) {

@@ -47,29 +47,68 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 			together = append(together, i)
 			continue
 		}
-		if b.p.savepoints {
-			stmt := "SAVEPOINT idem_message"
-			if savepoint {
-				stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
-			}
-			sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
-			_, err := b.tx.Exec(sctx, stmt)
-			cancel()
-			if err != nil {
-				return failed(fmt.Errorf("savepoint: %w", err))
-			}
-			savepoint = true
-		}
-		if err := b.runOne(ctx, i, d); err != nil {
-			if b.ended {
-				b.repairEndedTx(ctx)
-			}
+		if err := b.runItem(ctx, i, d, &savepoint); err != nil {
 			return err
 		}
+	}
+	if err := b.runPostponed(ctx, &savepoint); err != nil {
+		return err
 	}
 	b.deferAfterStop()
 	if len(together) > 0 {
 		return b.runTogether(ctx, together)
+	}
+	return nil
+}
+
+// runItem runs item i's handler, in a savepoint of its own when the batch
+// runs with savepoints; savepoint says whether one was taken before.
+func (b *batch) runItem(ctx context.Context, i int, d inbox.Result, savepoint *bool) error {
+	if b.p.savepoints {
+		stmt := "SAVEPOINT idem_message"
+		if *savepoint {
+			stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
+		}
+		sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+		_, err := b.tx.Exec(sctx, stmt)
+		cancel()
+		if err != nil {
+			return failed(fmt.Errorf("savepoint: %w", err))
+		}
+		*savepoint = true
+	}
+	if err := b.runOne(ctx, i, d); err != nil {
+		if b.ended {
+			b.repairEndedTx(ctx)
+		}
+		return err
+	}
+	return nil
+}
+
+// runPostponed gives the items postponed in this batch a second try at its
+// end: the batch that wrote their row has often committed by then (the
+// workers' batches overlap by about half). Those postponed again leave the
+// batch; their claims are removed before it commits. Each one left holds
+// the acks of every later delivery on its channel (an ack with multiple
+// covers everything below it) until a later batch settles it.
+func (b *batch) runPostponed(ctx context.Context, savepoint *bool) error {
+	var postponed []int
+	for _, i := range b.runnable {
+		if b.results[i].Outcome == Postponed {
+			postponed = append(postponed, i)
+		}
+	}
+	for _, i := range postponed {
+		if err := b.runItem(ctx, i, b.decisions[i], savepoint); err != nil {
+			return err
+		}
+	}
+	for _, i := range postponed {
+		if b.results[i].Outcome == Postponed {
+			b.items[i].postponed++
+			b.unclaim = append(b.unclaim, b.items[i].ID)
+		}
 	}
 	return nil
 }
@@ -110,10 +149,9 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 		return err
 	}
 	if b.htx.postponed {
-		// Nothing of it was written: it leaves the batch for a later one.
-		it.postponed++
+		// Nothing of it was written: it runs again at the end of the batch
+		// (runPostponed), or in a later one.
 		b.results[i] = Result{Outcome: Postponed, Inbox: d.Decision}
-		b.unclaim = append(b.unclaim, it.ID)
 		return nil
 	}
 	if herr == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/safetext"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // statements are the engine's own SQL for one set of tables, built once.
@@ -26,8 +27,10 @@ func newStatements(t idem.Tables) statements {
 SELECT $1, t.message_id, t.payload_hash, t.stored_hash, t.reason, t.error, t.source, t.exchange, t.routing_key, t.attempts, t.payload
 FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int[], $11::bytea[])
 	AS t(message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)`,
-		lookupAttempts: `SELECT message_id, failures, crashes, exchange, routing_key FROM ` + at +
-			` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
+		// Joined to whole keys and planned at each execution, like the
+		// inbox's lookups of a batch's keys (see inbox.storedHashesSQL).
+		lookupAttempts: `SELECT a.message_id, a.failures, a.crashes, a.exchange, a.routing_key FROM ` + at +
+			` AS a JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON a.consumer = u.c AND a.message_id = u.m`,
 		// A failed attempt: the count and the original route; the message
 		// is no longer running, so a crash no longer points at it.
 		recordFailures: `INSERT INTO ` + at + ` AS a (consumer, message_id, failures, exchange, routing_key)
@@ -62,19 +65,19 @@ func (r *attemptRow) apply(it *Item) {
 // lookupAttempts reads the attempts rows of the runnable items that came
 // back from the retry queue or were delivered before, and applies them.
 func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, items []*Item, runnable []int) error {
-	var ids []string
+	var scopes, ids []string
 	byID := map[string][]*Item{}
 	for _, i := range runnable {
 		it := items[i]
 		if it.row == nil && (it.Returned || it.Suspect) {
-			ids = append(ids, it.ID)
+			scopes, ids = append(scopes, scope), append(ids, it.ID)
 			byID[it.ID] = append(byID[it.ID], it)
 		}
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, e.sql.lookupAttempts, scope, ids)
+	rows, err := tx.Query(ctx, e.sql.lookupAttempts, store.PlannedNow(tx.Conn(), scopes, ids)...)
 	if err != nil {
 		return fmt.Errorf("engine: read attempts: %w", err)
 	}
