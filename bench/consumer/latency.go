@@ -46,10 +46,13 @@ func percentilesOf(d []time.Duration) percentiles {
 }
 
 // commitClock records when each message's transaction committed. It is a
-// pgx QueryTracer on the consumer's pool: the handler notes the message on
-// its connection, and when a COMMIT on that connection returns without error
-// every message noted since the BEGIN gets the time; a ROLLBACK or the next
-// BEGIN forgets them (their batch will run again).
+// pgx QueryTracer on the consumer's pool: the handler sends its UPDATE with
+// a context that names the message (noting), the tracer notes the message
+// on the statement's connection, and when a COMMIT on that connection
+// returns without error every message noted since the BEGIN gets the time;
+// a ROLLBACK or the next BEGIN forgets them (their batch will run again).
+// The handler does not take the raw connection (tx.Conn()): the runtime
+// checks the transaction of a handler that does, which costs a round trip.
 type commitClock struct {
 	base       time.Time
 	sent       []time.Duration // by sequence number; written by the publisher only
@@ -67,20 +70,26 @@ func newCommitClock(n int) *commitClock {
 
 func (k *commitClock) since() int64 { return int64(time.Since(k.base)) }
 
-// handled notes that the handler ran message seq, which the runtime
-// received at received, in conn's transaction.
-func (k *commitClock) handled(conn *pgx.Conn, seq int64, received time.Time) {
+// noted is the context key of the message a handler's statement runs for.
+type noted struct{}
+
+// noting returns ctx naming message seq, which the runtime received at
+// received: a statement sent with it notes the message on its connection.
+func (k *commitClock) noting(ctx context.Context, seq int64, received time.Time) context.Context {
 	if seq < 0 || seq >= int64(len(k.sent)) {
-		return // a warm-up message
+		return ctx // a warm-up message
 	}
 	k.receivedAt[seq].CompareAndSwap(0, int64(received.Sub(k.base)))
-	k.mu.Lock()
-	k.open[conn] = append(k.open[conn], seq)
-	k.mu.Unlock()
+	return context.WithValue(ctx, noted{}, seq)
 }
 
 // TraceQueryStart implements pgx.QueryTracer.
-func (k *commitClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (k *commitClock) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	if seq, ok := ctx.Value(noted{}).(int64); ok {
+		k.mu.Lock()
+		k.open[conn] = append(k.open[conn], seq)
+		k.mu.Unlock()
+	}
 	return ctx
 }
 
@@ -141,8 +150,7 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	update := b.updateSQL
 	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		clock.handled(tx.Conn(), seqOf(m.Body), m.ReceivedAt)
-		_, err := tx.Exec(ctx, update, accountOf(m.Body))
+		_, err := tx.Exec(clock.noting(ctx, seqOf(m.Body), m.ReceivedAt), update, accountOf(m.Body))
 		return err
 	})
 	if err := c.Declare(ctx); err != nil {

@@ -257,10 +257,11 @@ noisy.
 "core-µs per msg" is (bench + postgres + rabbitmq) CPU per message: what a
 mode costs the machine, less sensitive to other load than msg/s. Latency (measured before the throughput modes, so that their write-back
 does not land in it): a publisher in this process sends at the
-offered rate (after 50 warm-up messages); the handler notes each message and
-its Message.ReceivedAt (when the runtime took the delivery from the broker)
-on its database connection, and a pgx QueryTracer on the consumer's pool stamps
-the noted messages when a COMMIT on that connection returns without error
+offered rate (after 50 warm-up messages); the handler notes each message's
+Message.ReceivedAt (when the runtime took the delivery from the broker) and
+sends its UPDATE with a context naming the message; a pgx QueryTracer on the
+consumer's pool notes the message on the UPDATE's connection and stamps the
+noted messages when a COMMIT on that connection returns without error
 (a ROLLBACK or the next BEGIN forgets them). publish → commit is that stamp
 minus the time taken just before the publish call, on the same monotonic
 clock: the moment the consumer knows the message is durable, before its

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemkit/idem/deadletters"
@@ -37,11 +36,8 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Reason, "reason", "", "only this reason (payload_conflict, max_attempts, …)")
 	fs.IntVar(&f.Limit, "limit", 50, "newest N")
 	e.jsonFlag(fs)
-	if err := e.parse(fs, args); err != nil {
+	if err := e.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
@@ -52,27 +48,19 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if e.json {
-		out := make([]deadLetterJSON, len(rows))
-		for i, d := range rows {
-			out[i] = newDeadLetterJSON(d)
-		}
-		return e.writeJSON(out)
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tAT\tCONSUMER\tMESSAGE ID\tREASON\tATTEMPTS\tSOURCE\tPAYLOAD HASH\tREDRIVEN\tERROR")
-	for _, d := range rows {
-		redriven := "-"
-		if !d.RedrivenAt.IsZero() {
-			redriven = d.RedrivenAt.UTC().Format(time.RFC3339)
-			if d.RedrivenBy != "" {
-				redriven += " by " + d.RedrivenBy
+	return printRows(e, rows, newDeadLetterJSON,
+		"ID\tAT\tCONSUMER\tMESSAGE ID\tREASON\tATTEMPTS\tSOURCE\tPAYLOAD HASH\tREDRIVEN\tERROR",
+		func(d deadletters.Record) string {
+			redriven := "-"
+			if !d.RedrivenAt.IsZero() {
+				redriven = d.RedrivenAt.UTC().Format(time.RFC3339)
+				if d.RedrivenBy != "" {
+					redriven += " by " + d.RedrivenBy
+				}
 			}
-		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer,
-			d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80))
-	}
-	return w.Flush()
+			return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s", d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer,
+				d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80))
+		})
 }
 
 func deadLettersRedrive(ctx context.Context, e *env, args []string) error {

@@ -95,11 +95,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 func inboxStats(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox stats")
 	e.jsonFlag(fs)
-	if err := e.parse(fs, args); err != nil {
+	if err := e.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: stats takes no arguments", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {
@@ -110,20 +107,15 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if e.json {
-		out := make([]inboxStatsJSON, len(stats))
-		for i, s := range stats {
-			out[i] = inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
-		}
-		return e.writeJSON(out)
-	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tROWS\tOLDEST\tNEWEST")
-	for _, s := range stats {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Consumer, s.Rows,
-			s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
-	}
-	return tw.Flush()
+	return printRows(e, stats,
+		func(s inbox.ConsumerStats) inboxStatsJSON {
+			return inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
+		},
+		"CONSUMER\tROWS\tOLDEST\tNEWEST",
+		func(s inbox.ConsumerStats) string {
+			return fmt.Sprintf("%s\t%d\t%s\t%s", s.Consumer, s.Rows,
+				s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
+		})
 }
 
 func inboxCleanup(ctx context.Context, e *env, args []string) error {

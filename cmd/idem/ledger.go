@@ -72,7 +72,7 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	typ := fs.String("type", "", "only effects of this type")
 	limit := fs.Int("limit", 100, "most effects to list")
 	e.jsonFlag(fs)
-	if err := e.parse(fs, args); err != nil {
+	if err := e.parseNoArgs(fs, args); err != nil {
 		return err
 	}
 	l, done, err := openLedger(ctx, e)
@@ -84,20 +84,11 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if e.json {
-		out := make([]entryJSON, len(entries))
-		for i, en := range entries {
-			out[i] = newEntryJSON(en)
-		}
-		return e.writeJSON(out)
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "EFFECT_ID\tTYPE\tSTATUS\tATTEMPTS\tCREATED\tLAST_ERROR")
-	for _, en := range entries {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", en.ID, en.Type, en.Status, en.AttemptCount,
-			en.CreatedAt.UTC().Format(time.RFC3339), oneLine(en.LastError, 60))
-	}
-	return w.Flush()
+	return printRows(e, entries, newEntryJSON, "EFFECT_ID\tTYPE\tSTATUS\tATTEMPTS\tCREATED\tLAST_ERROR",
+		func(en ledger.Entry) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s", en.ID, en.Type, en.Status, en.AttemptCount,
+				en.CreatedAt.UTC().Format(time.RFC3339), oneLine(en.LastError, 60))
+		})
 }
 
 func ledgerShow(ctx context.Context, e *env, args []string) error {

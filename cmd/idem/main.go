@@ -31,6 +31,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -133,6 +134,36 @@ func (e *env) writeJSON(v any) error {
 	enc := json.NewEncoder(e.stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// parseNoArgs parses args with fs and refuses positional arguments.
+func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) error {
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return nil
+}
+
+// printRows prints the rows of a list command: a JSON array of asJSON's
+// values with --json, else a table of header and one tab-separated line
+// per row.
+func printRows[R, J any](e *env, rows []R, asJSON func(R) J, header string, line func(R) string) error {
+	if e.json {
+		out := make([]J, len(rows))
+		for i, r := range rows {
+			out[i] = asJSON(r)
+		}
+		return e.writeJSON(out)
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, header)
+	for _, r := range rows {
+		fmt.Fprintln(w, line(r))
+	}
+	return w.Flush()
 }
 
 func main() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemkit/idem/replay"
@@ -55,11 +54,8 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer's runs")
 	fs.IntVar(&f.Limit, "limit", 50, "newest N")
 	e.jsonFlag(fs)
-	if err := e.parse(fs, args); err != nil {
+	if err := e.parseNoArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
@@ -70,28 +66,20 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if e.json {
-		out := make([]runJSON, len(runs))
-		for i, r := range runs {
-			out[i] = newRunJSON(r)
-		}
-		return e.writeJSON(out)
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "RUN_ID\tMODE\tCONSUMER\tSTREAM\tRANGE\tSTATUS\tSTARTED\tFINISHED\tAUDITED\tDEAD_LETTERED\tOPERATOR\tREASON")
-	for _, r := range runs {
-		status, finished := "unfinished", "-"
-		switch {
-		case r.Finished:
-			status, finished = "finished", r.FinishedAt.UTC().Format(time.RFC3339)
-		case r.Abandoned:
-			status, finished = "abandoned", r.FinishedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s..%s (end %s)\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.ID, r.Mode, r.Consumer, r.Stream,
-			r.From, r.To, strconv.FormatInt(r.End, 10), status, r.StartedAt.UTC().Format(time.RFC3339), finished,
-			r.Audited, r.DeadLettered, orDash(r.Operator), orDash(oneLine(r.Reason, 60)))
-	}
-	return w.Flush()
+	return printRows(e, runs, newRunJSON,
+		"RUN_ID\tMODE\tCONSUMER\tSTREAM\tRANGE\tSTATUS\tSTARTED\tFINISHED\tAUDITED\tDEAD_LETTERED\tOPERATOR\tREASON",
+		func(r replay.RunRecord) string {
+			status, finished := "unfinished", "-"
+			switch {
+			case r.Finished:
+				status, finished = "finished", r.FinishedAt.UTC().Format(time.RFC3339)
+			case r.Abandoned:
+				status, finished = "abandoned", r.FinishedAt.UTC().Format(time.RFC3339)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s..%s (end %s)\t%s\t%s\t%s\t%d\t%d\t%s\t%s", r.ID, r.Mode, r.Consumer, r.Stream,
+				r.From, r.To, strconv.FormatInt(r.End, 10), status, r.StartedAt.UTC().Format(time.RFC3339), finished,
+				r.Audited, r.DeadLettered, orDash(r.Operator), orDash(oneLine(r.Reason, 60)))
+		})
 }
 
 // runJSON is one element of `idem replay runs --json`.

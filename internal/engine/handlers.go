@@ -276,7 +276,7 @@ func (b *batch) replacedTx(ctx context.Context, status byte) bool {
 	if !b.htx.raw || status != 'T' {
 		return false
 	}
-	return currentXID(ctx, b.tx) != b.htx.xid
+	return transactionID(ctx, b.tx, false) != b.htx.xid
 }
 
 // repairEndedTx undoes what a handler that ended the batch transaction

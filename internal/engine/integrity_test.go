@@ -207,6 +207,34 @@ func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
 	require.Equal(t, 1, f.balance(3), "m's effect")
 }
 
+// The batch's transaction id is read once, when a first handler takes the
+// raw connection: handlers that use it harmlessly pass, and a later one
+// in the same batch that commits and reopens the transaction is caught.
+// Its early commit took the earlier messages with it: they applied once and
+// are acked as duplicates when the batch runs again without it.
+func TestRawConnectionUseIsCheckedForEveryHandlerOfTheBatch(t *testing.T) {
+	t.Parallel()
+	var f *fixture
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		switch it.ID {
+		case "raw-1", "raw-2":
+			_, err := tx.Conn().Exec(ctx, f.update, it.Msg.(int))
+			return err
+		case "j":
+			if _, err := tx.Conn().Exec(ctx, "COMMIT; BEGIN"); err != nil {
+				return err
+			}
+		}
+		return f.updateAccount(ctx, tx, it)
+	}, nil)
+	res := f.eng.Run(context.Background(), []*Item{item("raw-1", 1), item("raw-2", 2), item("j", 3), item("m", 4)}, Options{})
+	require.Equal(t, []Outcome{Duplicate, Duplicate, DeadLettered, Processed}, outcomes(res))
+	require.Equal(t, "handler_ended_transaction", res[2].Reason)
+	for account, want := range map[int]int{1: 1, 2: 1, 3: 0, 4: 1} {
+		require.Equal(t, want, f.balance(account), "account %d", account)
+	}
+}
+
 // a batch handler that commits early through tx.Conn() before writing
 // marks every message done; their claims stay, the rerun acks them all as
 // duplicates, nothing is dead-lettered and no write happened.

@@ -44,8 +44,10 @@ type handlerTx struct {
 	contention error
 	foreign    bool
 	owned      bool // the last write statement's row is this batch's alone
-	// raw reports that the handler took the raw connection (Conn), which
-	// bypasses the guard; xid is the transaction id it had then.
+	// raw reports that the current message's handler took the raw
+	// connection (Conn), which bypasses the guard. xid is the batch
+	// transaction's id, read the first time one of its handlers took it:
+	// one round trip per batch, and one after each such handler to compare.
 	raw bool
 	xid int64
 	// root is the batch's own transaction when this one is a handler's
@@ -196,9 +198,11 @@ func (t *handlerTx) Conn() *pgx.Conn {
 	}
 	if !t.raw {
 		t.raw = true
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		t.xid = currentXID(ctx, t.Tx)
+		if t.xid == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			t.xid = transactionID(ctx, t.Tx, true)
+		}
 	}
 	return t.Tx.Conn()
 }
@@ -227,13 +231,18 @@ func (n *nestedTx) Conn() *pgx.Conn {
 	return n.handlerTx.Tx.Conn()
 }
 
-// currentXID is the transaction id q's transaction has, -1 for none yet or
-// when it cannot be read.
-func currentXID(ctx context.Context, q interface {
+// transactionID is the id of q's transaction, -1 for none or when it
+// cannot be read. With assign, a transaction that has none yet is given
+// one, so that the id stays the same for the rest of the transaction.
+func transactionID(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}) int64 {
+}, assign bool) int64 {
+	sql := "SELECT txid_current_if_assigned()"
+	if assign {
+		sql = "SELECT txid_current()"
+	}
 	var xid *int64
-	if err := q.QueryRow(ctx, "SELECT txid_current_if_assigned()").Scan(&xid); err != nil || xid == nil {
+	if err := q.QueryRow(ctx, sql).Scan(&xid); err != nil || xid == nil {
 		return -1
 	}
 	return *xid
