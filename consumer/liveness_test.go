@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 // A handler that hangs in a statement (context-aware) or in Go code that
@@ -303,4 +305,62 @@ func TestAbandonedBatchHandlerDoesNotRaceTheRerun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []Result{Processed, Processed}, []Result{out[0].Result, out[1].Result})
 	require.Equal(t, map[string]int{"a": 1, "b": 1}, e.effects())
+}
+
+// A handler's context behaves like one from context.WithTimeout: it has a
+// deadline HandlerTimeout after the handler started, and when that passes
+// it ends with context.DeadlineExceeded. The message whose handler ran out
+// is retried; the other handlers of its batch see live contexts, in the
+// batch that runs again without it.
+func TestHandlerContextHasItsDeadlineAndEndsWithDeadlineExceeded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, tables := testdb.Schema(t)
+	const timeout = 300 * time.Millisecond
+	c, err := New(Config{Name: "deadline", Pool: pool, Tables: tables, Logger: testLogger(), HandlerTimeout: timeout})
+	require.NoError(t, err)
+	type seen struct {
+		left     time.Duration // deadline minus start
+		err      error         // ctx.Err() when the handler returned
+		doneErr  error         // ctx.Err() once done, for the waiting handler
+		deadline bool
+	}
+	var mu sync.Mutex
+	got := map[string][]seen{}
+	c.Handle(func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		start := time.Now()
+		d, ok := ctx.Deadline()
+		s := seen{left: d.Sub(start), deadline: ok}
+		if m.ID == "waits" {
+			<-ctx.Done()
+			s.doneErr = ctx.Err()
+		}
+		s.err = ctx.Err()
+		mu.Lock()
+		got[m.ID] = append(got[m.ID], s)
+		mu.Unlock()
+		return s.err
+	})
+	out, err := c.Process(ctx, []Incoming{{MessageID: "before", Body: []byte("{}")},
+		{MessageID: "waits", Body: []byte("{}")}, {MessageID: "after", Body: []byte("{}")}})
+	require.NoError(t, err)
+	require.Equal(t, []string{"processed", "retried", "processed"},
+		[]string{out[0].Result.String(), out[1].Result.String(), out[2].Result.String()})
+	require.ErrorIs(t, out[1].Err, context.DeadlineExceeded)
+	require.ErrorContains(t, out[1].Err, "deadline")
+
+	mu.Lock()
+	defer mu.Unlock()
+	for id, runs := range got {
+		for _, s := range runs {
+			require.True(t, s.deadline, "%s: a handler context has a deadline", id)
+			require.InDelta(t, timeout, s.left, float64(50*time.Millisecond), "%s: the deadline is HandlerTimeout after the handler started", id)
+			if id != "waits" {
+				require.NoError(t, s.err, "%s: a handler that did not run out sees a live context", id)
+			}
+		}
+	}
+	require.Len(t, got["waits"], 1)
+	require.ErrorIs(t, got["waits"][0].doneErr, context.DeadlineExceeded)
+	require.Len(t, got["after"], 1, "the handlers after the one that ran out ran in the batch that ran again")
 }

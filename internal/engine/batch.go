@@ -134,14 +134,18 @@ type batch struct {
 	deferred *idem.Deferred
 	// handlerCtx is what every handler's context derives from.
 	handlerCtx context.Context
-	unclaim    []string       // claims of Deferred items, removed before commit
-	stopAt     int            // InOrder: index of the first retried item, -1 for none
-	done       []bool         // items whose handler completed
-	runnable   []int          // the items claimed, in batch order
-	decisions  []inbox.Result // their claims, indexed like items
-	ended      bool           // a handler ended the transaction past the guard
-	keys       []uint64       // the rows the batch's handlers wrote (see writeKeys)
-	gone       atomic.Bool    // abandoned: its write keys were released for good
+	// hctxs are the items' handler contexts, batchHctx the batch
+	// handler's: one allocation per batch, not one per handler.
+	hctxs     []handlerContext
+	batchHctx handlerContext
+	unclaim   []string       // claims of Deferred items, removed before commit
+	stopAt    int            // InOrder: index of the first retried item, -1 for none
+	done      []bool         // items whose handler completed
+	runnable  []int          // the items claimed, in batch order
+	decisions []inbox.Result // their claims, indexed like items
+	ended     bool           // a handler ended the transaction past the guard
+	keys      []uint64       // the rows the batch's handlers wrote (see writeKeys)
+	gone      atomic.Bool    // abandoned: its write keys were released for good
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -171,7 +175,8 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, o *Options, p *plan
 
 func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *plan, w *watch) *batch {
 	b := &batch{e: e, o: o, p: p, items: items, watch: w, stopAt: -1, done: make([]bool, len(items)),
-		results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items))}
+		results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items)),
+		hctxs: make([]handlerContext, len(items))}
 	b.scope = o.Scope
 	if b.scope == "" {
 		b.scope = e.cfg.Name
@@ -180,6 +185,8 @@ func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *pla
 		b.deferred = &idem.Deferred{} // handlers' writes that can wait for the end of the batch
 		ctx = idem.WithDeferred(ctx, b.deferred)
 	}
+	ctx, expire := context.WithCancelCause(ctx)
+	w.arm(expire) // the handlers' deadline, which the supervisor enforces
 	b.handlerCtx = ctx
 	for i, it := range items {
 		b.ctxs[i], b.spans[i] = e.tel.startSpan(ctx, it, len(items))

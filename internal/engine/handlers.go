@@ -226,13 +226,15 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	if index >= 0 {
 		hctx = b.ctxs[index]
 	}
-	hctx, cancel := context.WithTimeoutCause(hctx, b.e.cfg.HandlerTimeout, errHandlerDeadline)
-	b.watch.enter(index)
-	start := time.Now()
-	herr = run(hctx)
-	timedOut := context.Cause(hctx) == errHandlerDeadline
-	cancel()
-	if !b.watch.leave() {
+	start := b.watch.enter(index)
+	hc := &b.batchHctx
+	if index >= 0 {
+		hc = &b.hctxs[index]
+	}
+	*hc = handlerContext{hctx, start.Add(b.e.cfg.HandlerTimeout)}
+	herr = run(hc)
+	timedOut, ours := b.watch.leave()
+	if !ours {
 		return nil, errAbandoned // the supervisor decided; touch nothing
 	}
 	b.e.Vitals.moved()
@@ -253,10 +255,10 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	status := conn.PgConn().TxStatus()
 	b.ended = !conn.IsClosed() && (status == 'I' || b.replacedTx(ctx, status))
 	switch {
-	case ctx.Err() != nil:
-		return nil, failed(fmt.Errorf("batch cancelled in a handler: %w", context.Cause(ctx)))
 	case timedOut:
 		return nil, exclude(b.e.classify(it, &TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
+	case ctx.Err() != nil:
+		return nil, failed(fmt.Errorf("batch cancelled in a handler: %w", context.Cause(ctx)))
 	case b.htx.violated.Load() || b.ended:
 		b.e.cfg.Logger.Error("handler tried to end the batch transaction: nothing of the batch is acked, the message is dead-lettered",
 			"message_id", shortID(it.ID), "ended", b.ended, "error", herr)

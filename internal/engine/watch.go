@@ -32,6 +32,13 @@ type watch struct {
 	index     int // the item whose handler runs; -1 for the batch handler
 	started   time.Time
 	abandoned bool
+	// expire ends the handlers' context with errHandlerDeadline. The
+	// supervisor calls it, under mu, only while a handler that ran past its
+	// deadline is still in the watch; the attempt then ends (see call), so
+	// no later handler ever sees the ended context. One cancellable context
+	// per attempt costs far less than a timer per handler.
+	expire  context.CancelCauseFunc
+	expired bool
 }
 
 func (w *watch) hold(conn *pgxpool.Conn, b *batch) {
@@ -40,18 +47,39 @@ func (w *watch) hold(conn *pgxpool.Conn, b *batch) {
 	w.mu.Unlock()
 }
 
-func (w *watch) enter(index int) {
+// arm hands the watch the function that ends the attempt's handler context.
+func (w *watch) arm(expire context.CancelCauseFunc) {
 	w.mu.Lock()
-	w.inHandler, w.index, w.started = true, index, time.Now()
+	w.expire = expire
 	w.mu.Unlock()
 }
 
-// leave reports whether the attempt is still the goroutine's to finish.
-func (w *watch) leave() bool {
+// finish ends the attempt's handler context, once the attempt is over or
+// abandoned.
+func (w *watch) finish() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.expire != nil {
+		w.expire(context.Canceled)
+	}
+}
+
+// enter notes that handler index starts now and returns when it started.
+func (w *watch) enter(index int) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inHandler, w.index, w.started = true, index, time.Now()
+	return w.started
+}
+
+// leave reports whether the handler that just returned ran out of time,
+// and whether the attempt is still the goroutine's to finish. After leave
+// the supervisor no longer ends the handlers' context.
+func (w *watch) leave() (expired, ours bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.inHandler = false
-	return !w.abandoned
+	return w.expired, !w.abandoned
 }
 
 // release reports whether the connection is still the attempt's to release.
@@ -61,19 +89,52 @@ func (w *watch) release() bool {
 	return !w.abandoned
 }
 
-// overdue abandons the attempt if its handler has run for limit; otherwise
-// it says how long to wait before looking again.
-func (w *watch) overdue(now time.Time, limit time.Duration) (index int, wait time.Duration, abandon bool) {
+// overdue ends the running handler's context once it has run for timeout,
+// and abandons the attempt once it has run for timeout+grace; otherwise it
+// says how long to wait before looking again.
+func (w *watch) overdue(now time.Time, timeout, grace time.Duration) (index int, wait time.Duration, abandon bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.inHandler {
-		return 0, limit, false
+		return 0, timeout, false
 	}
-	if ran := now.Sub(w.started); ran < limit {
-		return 0, limit - ran, false
+	ran := now.Sub(w.started)
+	if ran < timeout {
+		return 0, timeout - ran, false
+	}
+	if !w.expired && w.expire != nil {
+		w.expired = true
+		w.expire(errHandlerDeadline)
+	}
+	if ran < timeout+grace {
+		return 0, timeout + grace - ran, false
 	}
 	w.abandoned = true
 	return w.index, 0, true
+}
+
+// handlerContext is a handler's context: the attempt's handler context,
+// which the supervisor ends with errHandlerDeadline, and the handler's own
+// deadline, so that the handler sees a deadline and a timeout as
+// context.WithTimeout would show them.
+type handlerContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c *handlerContext) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+func (c *handlerContext) Err() error {
+	err := c.Context.Err()
+	if err != nil && context.Cause(c.Context) == errHandlerDeadline {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 type attemptResult struct {
@@ -81,12 +142,14 @@ type attemptResult struct {
 	err     error
 }
 
-// supervised runs one attempt on a goroutine of its own and waits for it. A
-// handler still running abandonGrace after its deadline ignores its
+// supervised runs one attempt on a goroutine of its own and waits for it.
+// It ends the context of a handler that runs past HandlerTimeout; a
+// handler still running abandonGrace after that ignores its
 // context: the attempt is abandoned (see abandon) and the goroutine left to
 // finish on its own, so that the worker goes on.
 func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *plan) ([]Result, error) {
 	w := &watch{}
+	defer w.finish()
 	e.Vitals.active.Add(1)
 	e.Vitals.moved()
 	defer func() { e.Vitals.active.Add(-1); e.Vitals.moved() }()
@@ -95,15 +158,14 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *p
 		res, err := e.attempt(ctx, items, o, p, w)
 		done <- attemptResult{res, err}
 	}()
-	limit := e.cfg.HandlerTimeout + abandonGrace
-	timer := time.NewTimer(limit)
+	timer := time.NewTimer(e.cfg.HandlerTimeout)
 	defer timer.Stop()
 	for {
 		select {
 		case r := <-done:
 			return r.results, r.err
 		case now := <-timer.C:
-			index, wait, abandon := w.overdue(now, limit)
+			index, wait, abandon := w.overdue(now, e.cfg.HandlerTimeout, abandonGrace)
 			if abandon {
 				w.owner.gone.Store(true)
 				e.keys.releaseAll(w.owner)
