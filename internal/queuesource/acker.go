@@ -2,6 +2,7 @@ package queuesource
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -19,9 +20,10 @@ type ackChannel interface {
 // covers a delivery that is not to be acked: one still in a batch, one
 // handed back (nacked at once, before any multiple ack that could span it)
 // or one left for redelivery (never started at shutdown, unroutable dead
-// letter) stays unsettled and bounds the multiple ack. Acks waiting above an
-// unsettled delivery go out one by one when more than half the prefetch
-// window waits (a slow batch must not hold the window), and at flush.
+// letter) stays unsettled and bounds the multiple ack. When more than half
+// the prefetch window waits above an unsettled delivery, the oldest waiting
+// acks go out one by one until a quarter waits (a slow batch must not hold
+// the window); every waiting ack goes out at flush.
 //
 // Both sets it keeps are bounded by the prefetch window: the broker stops
 // delivering when prefetch deliveries are unacked, and every tag in them is
@@ -105,7 +107,26 @@ func (a *acker) settle(acks, nacks []uint64) error {
 		}
 	}
 	if len(a.waiting) > a.maxWaiting {
-		return a.ackEach()
+		return a.ackOldest(len(a.waiting) - a.maxWaiting/2)
+	}
+	return nil
+}
+
+// ackOldest acks the n lowest waiting tags with a frame each. The rest
+// keep waiting for the multiple ack that follows once the deliveries below
+// them settle, which is usually soon: a message that left its batch runs in
+// the worker's next one.
+func (a *acker) ackOldest(n int) error {
+	tags := make([]uint64, 0, len(a.waiting))
+	for tag := range a.waiting {
+		tags = append(tags, tag)
+	}
+	slices.Sort(tags)
+	for _, tag := range tags[:min(n, len(tags))] {
+		if err := a.ch.Ack(tag, false); err != nil {
+			return fmt.Errorf("ack %d: %w", tag, err)
+		}
+		delete(a.waiting, tag)
 	}
 	return nil
 }
