@@ -12,22 +12,9 @@ import (
 // issue") is not history.
 var historyRE = regexp.MustCompile(`(?i)\b(sessions?|issues?|stops?|pull requests?|PRs?|milestones?)\s+#?\d+\b|\b(issue|PR)\s*#`)
 
-// historyChecked are the Markdown files whose text must be free of
-// development history. BENCHMARKS.md holds current figures only too; it is
-// rewritten separately and joins this list with that rewrite.
-func historyChecked(t *testing.T) []*markdown {
-	var out []*markdown
-	for _, md := range guides(t) {
-		if md.path != "BENCHMARKS.md" {
-			out = append(out, md)
-		}
-	}
-	return out
-}
-
 // Docs describe the project as it is; how it got there lives in git.
 func TestDocsHaveNoDevelopmentHistory(t *testing.T) {
-	for _, md := range historyChecked(t) {
+	for _, md := range guides(t) {
 		for i, line := range md.lines {
 			if m := historyRE.FindString(line); m != "" {
 				t.Errorf("%s:%d: development history %q in %q", md.path, i+1, m, strings.TrimSpace(line))

@@ -200,6 +200,19 @@ func TestRelativeLinksResolve(t *testing.T) {
 	}
 }
 
+// BENCHMARKS.md holds current figures, each with its command and baseline:
+// a page a reader can take in, not a record of every run.
+func TestBenchmarksPageHoldsCurrentFiguresOnly(t *testing.T) {
+	const limit = 25 << 10
+	data, err := os.ReadFile(filepath.Join(root, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > limit {
+		t.Errorf("BENCHMARKS.md is %d bytes; current figures fit in %d", len(data), limit)
+	}
+}
+
 // The README is a front page: short, and a way into every guide, each of
 // which leads back to it and to the guide index.
 func TestReadmeIsAFrontPageLinkedBothWaysWithEveryGuide(t *testing.T) {
