@@ -231,6 +231,11 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	if index >= 0 {
 		hc = &b.hctxs[index]
 	}
+	if hc.Context != nil {
+		// A second call in this attempt (a postponed message's second
+		// try): the first may have left the context with a goroutine.
+		hc = new(handlerContext)
+	}
 	*hc = handlerContext{hctx, start.Add(b.e.cfg.HandlerTimeout)}
 	herr = run(hc)
 	timedOut, ours := b.watch.leave()
