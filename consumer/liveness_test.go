@@ -307,11 +307,11 @@ func TestAbandonedBatchHandlerDoesNotRaceTheRerun(t *testing.T) {
 	require.Equal(t, map[string]int{"a": 1, "b": 1}, e.effects())
 }
 
-// A handler's context behaves like one from context.WithTimeout: it has a
-// deadline HandlerTimeout after the handler started, and when that passes
-// it ends with context.DeadlineExceeded. The message whose handler ran out
-// is retried; the other handlers of its batch see live contexts, in the
-// batch that runs again without it.
+// A handler's context has a deadline HandlerTimeout after the handler
+// started, and when that passes it ends with context.DeadlineExceeded, as
+// one from context.WithTimeout would. The message whose handler ran out is
+// retried; the other handlers of its batch see live contexts, in the batch
+// that runs again without it.
 func TestHandlerContextHasItsDeadlineAndEndsWithDeadlineExceeded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

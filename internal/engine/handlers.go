@@ -194,7 +194,7 @@ func (b *batch) runTogether(ctx context.Context, together []int) error {
 	for k, i := range together {
 		its[k] = b.items[i]
 	}
-	herr, err := b.call(b.handlerCtx, -1, func(hctx context.Context) error { return b.e.cfg.BatchHandler(hctx, b.htx, its) })
+	herr, err := b.call(ctx, -1, func(hctx context.Context) error { return b.e.cfg.BatchHandler(hctx, b.htx, its) })
 	var ex *excludeError
 	switch {
 	case errors.As(err, &ex):
@@ -222,7 +222,7 @@ func (b *batch) runTogether(ctx context.Context, together []int) error {
 // that ends the attempt: the handler timed out, was abandoned, ended the
 // transaction, or its connection is gone.
 func (b *batch) call(ctx context.Context, index int, run func(context.Context) error) (herr, err error) {
-	hctx := ctx
+	hctx := b.handlerCtx // ends with the handler deadline: never the runtime's own
 	if index >= 0 {
 		hctx = b.ctxs[index]
 	}
@@ -283,7 +283,11 @@ func (b *batch) replacedTx(ctx context.Context, status byte) bool {
 	if !b.htx.raw || status != 'T' {
 		return false
 	}
-	return transactionID(ctx, b.tx, false) != b.htx.xid
+	// Read even after a shutdown began: the answer decides whether the
+	// batch's claims need repair.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.e.cfg.CommitTimeout)
+	defer cancel()
+	return transactionID(rctx, b.tx, false) != b.htx.xid
 }
 
 // repairEndedTx undoes what a handler that ended the batch transaction

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -277,4 +280,62 @@ func TestExcludedRetryDefersOnlyTheMessagesAfterIt(t *testing.T) {
 	}
 	res := f.eng.Run(context.Background(), items, Options{InOrder: true})
 	require.Equal(t, []Outcome{Processed, Processed, Retry, Deferred}, outcomes(res), "runs %v", runs)
+}
+
+// sentSQL records the SQL a pool's connections send.
+type sentSQL struct {
+	mu  sync.Mutex
+	all []string
+}
+
+func (s *sentSQL) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	s.all = append(s.all, d.SQL)
+	s.mu.Unlock()
+	return ctx
+}
+
+func (s *sentSQL) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A batch handler that took the raw connection and then ran past its
+// deadline timed out; it did not end the transaction. The check that tells
+// the two apart must not run on the expired handler context, or it would
+// take the timeout for an early commit and "repair" claims that were never
+// committed: a ROLLBACK and a DELETE of inbox rows in autocommit, which
+// could remove a row another worker had just committed.
+func TestBatchHandlerThatTimesOutWithTheRawConnectionIsNotTakenForAnEndedTransaction(t *testing.T) {
+	t.Parallel()
+	trace := &sentSQL{}
+	var f *fixture
+	f = newFixture(t, nil, func(cfg *Config) {
+		pc := cfg.Pool.Config()
+		pc.ConnConfig.Tracer = trace
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		cfg.Pool = pool
+		cfg.HandlerTimeout = 300 * time.Millisecond
+	})
+	var first atomic.Bool
+	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*Item) error {
+		if first.CompareAndSwap(false, true) {
+			_ = tx.Conn() // raw access, as for CopyFrom
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		for _, it := range its {
+			if err := f.updateAccount(ctx, tx, it); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	res := f.eng.Run(context.Background(), []*Item{item("a", 1), item("b", 2)}, Options{})
+	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res))
+	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)})
+	trace.mu.Lock()
+	defer trace.mu.Unlock()
+	for _, sql := range trace.all {
+		require.NotContains(t, strings.ToUpper(sql), "DELETE FROM", "no repair of claims after a timeout: %s", sql)
+	}
 }

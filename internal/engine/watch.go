@@ -115,8 +115,11 @@ func (w *watch) overdue(now time.Time, timeout, grace time.Duration) (index int,
 
 // handlerContext is a handler's context: the attempt's handler context,
 // which the supervisor ends with errHandlerDeadline, and the handler's own
-// deadline, so that the handler sees a deadline and a timeout as
-// context.WithTimeout would show them.
+// deadline. The handler sees its deadline, and a timeout as
+// context.DeadlineExceeded, as with context.WithTimeout; contexts it makes
+// with context.WithCancel, WithTimeout or WithDeadline end with
+// context.Canceled (and the cause errHandlerDeadline), since they hang off
+// the attempt's one cancellable context.
 type handlerContext struct {
 	context.Context
 	deadline time.Time
