@@ -33,15 +33,16 @@ services:
 vet:
 	$(GO) vet ./...
 
-# bench: every figure of BENCHMARKS.md, each against its same-run baseline.
+# bench: every figure of BENCHMARKS.md, each against its same-run baseline
+# (the large soak is `go run ./internal/soak` with the flags it gives).
 bench: services
-	$(GO) run ./bench/consumer
-	$(GO) run ./bench/competing
+	$(GO) run ./bench/consumer -repeat 5
+	$(GO) run ./bench/competing -n 30000 -repeat 3
 	$(GO) test -run '^$$' -bench ProcessBatch -benchmem -count 3 ./consumer
 	$(GO) test -run '^$$' -bench Claim -benchtime 3s ./inbox/
 	$(GO) test -run '^$$' -bench BenchmarkDispatchHTTP -benchtime 20000x -count 3 ./ledger
 	$(GO) test -run '^$$' -bench RecordEffectOverhead -benchtime 10000x -count 3 ./examples/payments/
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 3 ./inbox/httpinbox/
 	$(GO) test -run '^$$' -bench RawRead -benchtime 5x -count 3 ./internal/streamio
-	$(GO) test -run '^$$' -bench Replay -benchtime 3x ./replay
-	$(GO) test -run '^$$' -bench RebuildOf100k -benchtime 1x ./examples/orders
+	$(GO) test -run '^$$' -bench Replay -benchtime 3x -count 2 ./replay
+	$(GO) test -run '^$$' -bench RebuildOf100k -benchtime 1x -count 3 ./examples/orders
