@@ -2,8 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/exampleenv"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -256,31 +255,14 @@ type deposit struct {
 	Amount  int64  `json:"amount"`
 }
 
-// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
-// a fresh schema with a balances and an events table, and returns a
-// function that drops it.
+// exampleDB migrates a fresh schema with the examples' tables; the
+// function it returns drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	pool, err := pgxpool.New(ctx, pgURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_consumer_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	s := tables.QuotedSchema()
-	_, err = pool.Exec(ctx, `CREATE TABLE `+s+`.balances (account text PRIMARY KEY, balance bigint NOT NULL);
-		INSERT INTO `+s+`.balances VALUES ('A1', 0);
-		CREATE TABLE `+s+`.events (id text PRIMARY KEY, body text NOT NULL)`)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "consumer", func(s string) string {
+		return `CREATE TABLE ` + s + `.balances (account text PRIMARY KEY, balance bigint NOT NULL);
+		INSERT INTO ` + s + `.balances VALUES ('A1', 0);
+		CREATE TABLE ` + s + `.events (id text PRIMARY KEY, body text NOT NULL)`
+	})
 }
 
 func balance(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, account string) int64 {
@@ -292,62 +274,11 @@ func balance(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, accoun
 	return b
 }
 
-// publish sends one persistent message with a message id, as a producer
-// would.
+// publish sends one persistent JSON message with a message id, confirmed.
 func publish(queue, id, body string) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		log.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
-		MessageId: id, Body: []byte(body), ContentType: "application/json", DeliveryMode: amqp.Persistent})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
-		log.Fatalf("publish %s: not confirmed (%v)", id, err)
-	}
+	exampleenv.Publish(queue, amqp.Publishing{MessageId: id, Body: []byte(body), ContentType: "application/json"})
 }
 
-// deleteQueues removes the queue and the retry and dead-letter queues the
-// consumer declared for it.
-func deleteQueues(queue string) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
+func deleteQueues(queue string) { exampleenv.DeleteQueues(queue) }
 
-func pgURL() string {
-	if u := os.Getenv("IDEM_PG_URL"); u != "" {
-		return u
-	}
-	return "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-}
-
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func amqpURL() string { return exampleenv.AMQPURL() }

@@ -2,13 +2,10 @@ package deadletters_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/internal/exampleenv"
 )
 
 // The dead letters of one reason, newest first.
@@ -115,77 +112,15 @@ func runUntil(c *consumer.Consumer, done func(consumer.Stats) bool) {
 	}
 }
 
-// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
-// a fresh schema, and returns a function that drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_deadletters_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "deadletters", nil)
 }
 
 // publish sends one persistent message with a message id, confirmed.
 func publish(queue, id string) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		log.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	confirm, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
-		amqp.Publishing{MessageId: id, Body: []byte(`{"amount":5}`), DeliveryMode: amqp.Persistent})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if ok, err := confirm.WaitContext(ctx); !ok || err != nil {
-		log.Fatalf("publish %s: not confirmed (%v)", id, err)
-	}
+	exampleenv.Publish(queue, amqp.Publishing{MessageId: id, Body: []byte(`{"amount":5}`)})
 }
 
-// deleteQueues removes the queue and the retry and dead-letter queues the
-// consumer declared for it.
-func deleteQueues(queue string) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
+func deleteQueues(queue string) { exampleenv.DeleteQueues(queue) }
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func amqpURL() string { return exampleenv.AMQPURL() }

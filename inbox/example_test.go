@@ -2,19 +2,16 @@ package inbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
-	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/internal/exampleenv"
 )
 
 // The handler's write and the claim commit together: a redelivered message
@@ -176,30 +173,11 @@ func ExampleInbox_ClaimNewBatch() {
 	// claimed already: run the batch again with ClaimBatch
 }
 
-// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
-// a fresh schema with an orders table, and returns a function that drops it.
+// exampleDB migrates a fresh schema with the examples' table; the function
+// it returns drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_inbox_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	s := tables.QuotedSchema()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+s+`.orders (id text PRIMARY KEY, paid int NOT NULL);
-		INSERT INTO `+s+`.orders VALUES ('o-1', 0)`); err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "inbox", func(s string) string {
+		return `CREATE TABLE ` + s + `.orders (id text PRIMARY KEY, paid int NOT NULL);
+		INSERT INTO ` + s + `.orders VALUES ('o-1', 0)`
+	})
 }

@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/exampleenv"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/migrate"
 )
@@ -213,27 +214,8 @@ func ExampleAMQPExecutor() {
 	// {"order":"order-1042"} message id = effect id: true
 }
 
-// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
-// a fresh schema, and returns a function that drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_ledger_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "ledger", nil)
 }
 
 // exampleBroker connects to the broker and declares an auto-deleted queue.
@@ -267,9 +249,4 @@ func waitForMessage(ch *amqp.Channel, queue string) amqp.Delivery {
 	return amqp.Delivery{}
 }
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func amqpURL() string { return exampleenv.AMQPURL() }

@@ -2,42 +2,20 @@ package retention_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/internal/exampleenv"
 	"github.com/idemkit/idem/retention"
 )
 
-// exampleDB connects to IDEM_PG_URL (or the local test database) and
-// migrates a fresh schema, dropped by the returned function.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_retention_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "retention", nil)
 }
 
 // One cleanup of every table idem owns, as `idem cleanup --older-than 720h`

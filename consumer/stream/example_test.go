@@ -2,12 +2,9 @@ package stream_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log"
 	"log/slog"
-	"os"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -18,7 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
-	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/internal/exampleenv"
 )
 
 // A projection kept from a stream: the handler is an ordinary consumer
@@ -128,36 +125,12 @@ func deleteStream(name string) {
 	}
 }
 
-// exampleDB connects to IDEM_PG_URL (or the local test database), migrates
-// a fresh schema with an events table, and returns a function that drops it.
+// exampleDB migrates a fresh schema with the examples' table; the function
+// it returns drops it.
 func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "example_stream_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	s := tables.QuotedSchema()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+s+`.events (stream_offset bigint PRIMARY KEY, body text NOT NULL)`); err != nil {
-		log.Fatal(err)
-	}
-	return pool, tables, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+s+" CASCADE")
-		pool.Close()
-	}
+	return exampleenv.DB(ctx, "stream", func(s string) string {
+		return `CREATE TABLE ` + s + `.events (stream_offset bigint PRIMARY KEY, body text NOT NULL)`
+	})
 }
 
-func amqpURL() string {
-	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		return u
-	}
-	return "amqp://guest:guest@127.0.0.1:5672/"
-}
+func amqpURL() string { return exampleenv.AMQPURL() }
