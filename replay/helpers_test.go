@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -22,6 +21,7 @@ import (
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/projection"
 )
@@ -96,12 +96,7 @@ func (e *env) publish(out ...streamio.Outgoing) {
 	require.NoError(e.t, e.se.Publish(context.Background(), e.stream, out))
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEM_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testrun.Logger() }
 
 // handler is the projection: add n to the key's total, log the
 // application, record a "notify" effect per message, and when extra is set,

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -24,6 +23,7 @@ import (
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -62,10 +62,7 @@ func newTestEnv(t testing.TB) *testEnv {
 	mail := newMailbox()
 	srv := httptest.NewServer(mail.handler())
 	t.Cleanup(srv.Close)
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if os.Getenv("IDEM_TEST_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
-	}
+	logger := testrun.Logger()
 	o := options{pgURL: testdb.URL(), amqpURL: testbroker.URL(), streamURL: streamio.URLFromEnv(), schema: testdb.Name(t, "o"),
 		stream: testdb.Name(t, "orders"), mailURL: srv.URL + "/send", logger: logger}
 	se, err := streamio.Open(ctx, streamio.Config{URI: o.streamURL})

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -107,12 +106,7 @@ func runUntilCleanup(t *testing.T, fn func(context.Context) error) {
 	})
 }
 
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEM_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return testrun.Logger() }
 
 // body is a valid capture request body.
 func body(captureRequestID string, amount int) string {
