@@ -285,8 +285,10 @@ func (p *proc) kill() (int, error) {
 	return pid, nil
 }
 
-// stop ends the process for good: SIGTERM, and SIGKILL if it is still
-// running after grace (a finding). It returns once the process is gone.
+// stop ends the process for good: SIGTERM, and if it is still running
+// after grace (a finding), SIGQUIT, on which the Go runtime writes every
+// goroutine's stack to the process's log before it exits, then SIGKILL if
+// even that did not end it. It returns once the process is gone.
 func (p *proc) stop(grace time.Duration) {
 	p.mu.Lock()
 	p.restart, p.stopping = false, true
@@ -304,9 +306,19 @@ func (p *proc) stop(grace time.Duration) {
 	case <-time.After(grace):
 	}
 	p.mu.Lock()
-	p.unexpected = append(p.unexpected, fmt.Sprintf("%s did not stop within %s of SIGTERM; killed", p.name, grace))
+	p.unexpected = append(p.unexpected, fmt.Sprintf("%s did not stop within %s of SIGTERM; its goroutines are in its log", p.name, grace))
 	if p.running {
 		p.killing = true
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	}
+	p.mu.Unlock()
+	select {
+	case <-exited:
+		return
+	case <-time.After(5 * time.Second):
+	}
+	p.mu.Lock()
+	if p.running {
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	}
 	p.mu.Unlock()
