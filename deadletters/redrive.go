@@ -224,8 +224,10 @@ func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
 	// A return precedes the confirm of the same message, so the returns of
 	// this chunk are queued by now.
 	select {
-	case ret := <-r.returns:
-		return fmt.Errorf("%w: %s could not route it: %s", ErrNotMoved, r.o.Queue, ret.ReplyText)
+	case ret, open := <-r.returns:
+		if open { // closed: the channel ended after every confirm, nothing returned
+			return fmt.Errorf("%w: %s could not route it: %s", ErrNotMoved, r.o.Queue, ret.ReplyText)
+		}
 	default:
 	}
 	if r.o.afterConfirm != nil {

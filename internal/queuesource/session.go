@@ -279,7 +279,10 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool
 	// the confirm, so every return for this round is already queued here.
 	for {
 		select {
-		case r := <-p.returns:
+		case r, open := <-p.returns:
+			if !open { // the channel closed: its returns were all queued before
+				return ok, nil
+			}
 			id, _ := r.Headers[publishIDHeader].(string)
 			if i, found := ids[id]; found {
 				ok[i] = false
@@ -292,10 +295,15 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool
 
 // dropStaleReturns empties the returns channel of what earlier rounds that
 // failed before reading it left there: it must hold room for this round's.
+// The client closes the channel with the AMQP channel, and a closed channel
+// never blocks: that ends the loop too.
 func (p *publisher) dropStaleReturns() {
 	for {
 		select {
-		case <-p.returns:
+		case _, open := <-p.returns:
+			if !open {
+				return
+			}
 		default:
 			return
 		}
