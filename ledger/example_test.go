@@ -220,14 +220,7 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, idem.Tables, func()) {
 
 // exampleBroker connects to the broker and declares an auto-deleted queue.
 func exampleBroker(queue string) (*amqp.Connection, *amqp.Channel) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
+	conn, ch := exampleenv.Channel()
 	if _, err := ch.QueueDeclare(queue, false, true, false, false, nil); err != nil {
 		log.Fatal(err)
 	}

@@ -80,15 +80,8 @@ func ExampleRun() {
 // declareStream creates a stream and publishes bodies to it, each with its
 // body as message id, and returns how many it published.
 func declareStream(name string, bodies ...string) int {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
+	conn, ch := exampleenv.Channel()
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
 	if _, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": "stream"}); err != nil {
 		log.Fatal(err)
 	}
@@ -110,20 +103,7 @@ func declareStream(name string, bodies ...string) int {
 	return len(bodies)
 }
 
-func deleteStream(name string) {
-	conn, err := amqp.Dial(amqpURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if _, err := ch.QueueDelete(name, false, false, false); err != nil {
-		log.Fatal(err)
-	}
-}
+func deleteStream(name string) { exampleenv.Delete(name) }
 
 // exampleDB migrates a fresh schema with the examples' table; the function
 // it returns drops it.

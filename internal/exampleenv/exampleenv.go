@@ -49,18 +49,25 @@ func DB(ctx context.Context, name string, setup func(schema string) string) (*pg
 // AMQPURL is the broker's URL.
 func AMQPURL() string { return testbroker.URL() }
 
-// Publish sends msg to queue through the default exchange, persistent and
-// mandatory, and waits for the broker's confirm.
-func Publish(queue string, msg amqp.Publishing) {
+// Channel connects to the broker and opens a channel; closing the
+// connection closes both.
+func Channel() (*amqp.Connection, *amqp.Channel) {
 	conn, err := amqp.Dial(AMQPURL())
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
 		log.Fatal(err)
 	}
+	return conn, ch
+}
+
+// Publish sends msg to queue through the default exchange, persistent and
+// mandatory, and waits for the broker's confirm.
+func Publish(queue string, msg amqp.Publishing) {
+	conn, ch := Channel()
+	defer conn.Close()
 	if err := ch.Confirm(false); err != nil {
 		log.Fatal(err)
 	}
@@ -78,17 +85,13 @@ func Publish(queue string, msg amqp.Publishing) {
 
 // DeleteQueues removes queue and the retry and dead-letter queues a
 // consumer declares for it.
-func DeleteQueues(queue string) {
-	conn, err := amqp.Dial(AMQPURL())
-	if err != nil {
-		log.Fatal(err)
-	}
+func DeleteQueues(queue string) { Delete(queue, queue+".retry", queue+".dlq") }
+
+// Delete removes the named queues or streams.
+func Delete(names ...string) {
+	conn, ch := Channel()
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		log.Fatal(err)
-	}
-	for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
+	for _, q := range names {
 		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
 			log.Fatal(err)
 		}
