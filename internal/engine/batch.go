@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -145,7 +144,7 @@ type batch struct {
 	decisions []inbox.Result // their claims, indexed like items
 	ended     bool           // a handler ended the transaction past the guard
 	keys      []uint64       // the rows the batch's handlers wrote (see writeKeys)
-	gone      atomic.Bool    // abandoned: its write keys were released for good
+	gone      bool           // abandoned: its write keys were released for good (guarded by writeKeys.mu)
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -211,7 +210,8 @@ func (b *batch) end(err error) {
 		}
 		endSpan(span, r)
 	}
-	b.e.keys.release(b, b.keys)
+	// The rows stay named until the transaction that locked them ended.
+	defer b.e.keys.release(b, b.keys)
 	if b.conn == nil || !b.watch.release() {
 		return // never began, or abandoned: the connection is not ours any more
 	}
@@ -273,24 +273,28 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	}
+	if o.Gate != 0 || !o.ReadOnly {
+		setMillis("lock_timeout", e.cfg.HandlerTimeout)
+	}
+	if o.Gate != 0 {
+		// The gate first: a batch held at it holds nothing else, so that
+		// the batches the gate's holder runs meanwhile (a swap's catch-up)
+		// are not queued behind it on the batch lock.
+		sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
+		sb.WriteString(strconv.FormatInt(o.Gate, 10))
+		sb.WriteString(")")
+	}
 	if !o.ReadOnly {
 		// The consumer's batch lock, shared by the batches of every process:
 		// a batch of a process whose batches conflict with other processes'
 		// (see governor) takes it exclusively, and so runs alone, queued
 		// behind and before the others instead of timing out on their rows.
-		setMillis("lock_timeout", e.cfg.HandlerTimeout)
 		if p.serial {
 			sb.WriteString("; SELECT pg_advisory_xact_lock(")
 		} else {
 			sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
 		}
 		sb.WriteString(strconv.FormatInt(e.serialKey, 10))
-		sb.WriteString(")")
-	}
-	if o.Gate != 0 {
-		setMillis("lock_timeout", e.cfg.HandlerTimeout)
-		sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
-		sb.WriteString(strconv.FormatInt(o.Gate, 10))
 		sb.WriteString(")")
 	}
 	setMillis("lock_timeout", p.lockTimeout)

@@ -189,6 +189,69 @@ func TestWithoutPostponeAMessageWaitsForTheOtherBatch(t *testing.T) {
 	require.Equal(t, 2, f.balance(1))
 }
 
+// A message that can no longer be postponed writes its row after the other
+// batch's lock, and its batch then holds the row too. A third batch must
+// find the row held once the first commits: it is postponed, instead of
+// waiting on a lock the runtime did not know of, timing out and taking the
+// conflict for another process's (which serializes every batch).
+func TestARowWrittenAfterAnotherBatchsLockStaysKnownUntilThatBatchEnds(t *testing.T) {
+	t.Parallel()
+	holdingA, releaseA := make(chan struct{}), make(chan struct{})
+	holdingB, releaseB := make(chan struct{}), make(chan struct{})
+	var f *fixture
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+		if err := f.updateAccount(ctx, tx, it); err != nil {
+			return err
+		}
+		switch it.ID {
+		case "a":
+			close(holdingA)
+			<-releaseA
+		case "b":
+			close(holdingB)
+			<-releaseB
+		}
+		return nil
+	}, func(cfg *Config) { cfg.LockTimeout = 10 * time.Second })
+	ctx := context.Background()
+	doneA, doneB := make(chan []Result, 1), make(chan []Result, 1)
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true}) }()
+	<-holdingA
+	b := item("b", 1)
+	b.postponed = maxPostponements // waits for the row like any other
+	go func() { doneB <- f.eng.Run(ctx, []*Item{b}, Options{Postpone: true}) }()
+	require.Eventually(t, func() bool { return f.waitingOnLocks() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"b waits for a's lock on account 1")
+	close(releaseA)
+	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
+	<-holdingB // b wrote account 1 and holds it
+
+	doneC := make(chan []Result, 1)
+	go func() { doneC <- f.eng.Run(ctx, []*Item{item("c", 1)}, Options{Postpone: true}) }()
+	select {
+	case res := <-doneC:
+		require.Equal(t, []Outcome{Postponed}, outcomes(res))
+	case <-time.After(2 * time.Second):
+		close(releaseB)
+		<-doneC
+		t.Fatal("c waited for b's lock on account 1: the row was not known to be held")
+	}
+	close(releaseB)
+	require.Equal(t, []Outcome{Processed}, outcomes(<-doneB))
+	require.Zero(t, f.eng.Counts.Contention.Load())
+	require.Equal(t, 2, f.balance(1))
+}
+
+// waitingOnLocks is how many of the fixture's backends wait for a lock.
+func (f *fixture) waitingOnLocks() int {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%'||$1||'%'`,
+		f.tables.QuotedSchema()+".accounts").Scan(&n))
+	return n
+}
+
 // A batch split by conflicts in an ordered source never writes a checkpoint
 // past a message of a half that did not commit: that message would be
 // skipped for good on restart.

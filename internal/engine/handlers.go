@@ -307,6 +307,10 @@ func (b *batch) repairEndedTx(ctx context.Context) {
 			ids = append(ids, b.items[i].ID)
 		}
 	}
+	// Outside the batch transaction its lock_timeout is gone: the deadline
+	// bounds a lock wait instead (pgx cancels the statement).
+	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	defer cancel()
 	conn := b.tx.Conn()
 	if conn.PgConn().TxStatus() != 'I' {
 		// The handler began a transaction of its own after its early

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,49 +22,99 @@ import (
 // its batch and runs in a later one. Statements that differ in any argument
 // get different keys, so the table never postpones on a guess; conflicts it
 // cannot name are left to PostgreSQL (lock_timeout, then a retry).
+//
+// A message that cannot be postponed (it wrote already, or was postponed
+// often enough) writes the row anyway, after the other batch's lock: its
+// batch then holds the row too, and the key stays in the table until every
+// batch that holds it has ended, so that no third batch takes the row for
+// free and waits on a lock the table does not show.
 type writeKeys struct {
-	mu    sync.Mutex
-	owner map[uint64]*batch
+	mu   sync.Mutex
+	rows map[uint64]holders
 }
 
-func newWriteKeys() *writeKeys { return &writeKeys{owner: map[uint64]*batch{}} }
+// holders are the batches in flight that wrote one row: first, and, rarely,
+// more that wrote it after first's lock.
+type holders struct {
+	first *batch
+	more  []*batch
+}
 
-// take records that b writes the row named key, and reports false when
-// another batch in flight did.
-func (k *writeKeys) take(b *batch, key uint64) bool {
+func newWriteKeys() *writeKeys { return &writeKeys{rows: map[uint64]holders{}} }
+
+// take records that b writes the row named key, and reports whether b
+// holds it alone: no other batch in flight wrote it. When another did, b is
+// recorded only if force (it writes the row anyway). An abandoned batch is
+// never recorded: its keys were released for good.
+func (k *writeKeys) take(b *batch, key uint64, force bool) (alone bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if o, ok := k.owner[key]; ok && o != b {
-		return false
+	if b.gone {
+		return true
 	}
-	k.owner[key] = b
-	return true
+	h, ok := k.rows[key]
+	switch {
+	case !ok:
+		k.rows[key] = holders{first: b}
+		return true
+	case h.first == b && len(h.more) == 0:
+		return true
+	case force && h.first != b && !slices.Contains(h.more, b):
+		h.more = append(h.more, b)
+		k.rows[key] = h
+	}
+	return false
 }
 
-// release forgets the keys b took: its transaction ended.
+// release forgets that b holds the rows named keys: its transaction ended.
 func (k *writeKeys) release(b *batch, keys []uint64) {
 	if len(keys) == 0 {
 		return
 	}
 	k.mu.Lock()
 	for _, key := range keys {
-		if k.owner[key] == b {
-			delete(k.owner, key)
+		k.drop(b, key)
+	}
+	k.mu.Unlock()
+}
+
+// abandon marks b abandoned and forgets every row it holds, from another
+// goroutine than b's own: its handler still runs, and whatever it writes
+// from now on is not recorded (its backend is being terminated).
+func (k *writeKeys) abandon(b *batch) {
+	k.mu.Lock()
+	b.gone = true
+	for key, h := range k.rows {
+		if h.first == b || slices.Contains(h.more, b) {
+			k.drop(b, key)
 		}
 	}
 	k.mu.Unlock()
 }
 
-// releaseAll forgets every key b took, from another goroutine than b's own
-// (b was abandoned with its handler).
-func (k *writeKeys) releaseAll(b *batch) {
-	k.mu.Lock()
-	for key, o := range k.owner {
-		if o == b {
-			delete(k.owner, key)
-		}
+// drop removes b from the holders of key; mu must be held.
+func (k *writeKeys) drop(b *batch, key uint64) {
+	h, ok := k.rows[key]
+	if !ok {
+		return
 	}
-	k.mu.Unlock()
+	if h.first == b {
+		if len(h.more) == 0 {
+			delete(k.rows, key)
+			return
+		}
+		h.first, h.more = h.more[0], h.more[1:]
+	} else {
+		h.more = slices.DeleteFunc(h.more, func(o *batch) bool { return o == b })
+	}
+	k.rows[key] = h
+}
+
+// held is how many rows the table holds (tests).
+func (k *writeKeys) held() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.rows)
 }
 
 var keySeed = maphash.MakeSeed()

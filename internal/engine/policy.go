@@ -98,7 +98,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Res
 		if contention {
 			delay = retry.Backoff(attempt, 5*time.Millisecond, time.Second)
 		}
-		retry.Sleep(ctx, delay)
+		sleepUnlessAbandoned(ctx, delay, o.Abandon)
 	}
 }
 
@@ -186,6 +186,17 @@ func (e *Engine) databaseAnswers(ctx context.Context) bool {
 	defer cancel()
 	_, err := e.cfg.Pool.Exec(pctx, "SELECT 1")
 	return err == nil
+}
+
+// sleepUnlessAbandoned waits d, or less if ctx ends or abandon closes.
+func sleepUnlessAbandoned(ctx context.Context, d time.Duration, abandon <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-abandon:
+	}
 }
 
 func closed(ch <-chan struct{}) bool {

@@ -99,17 +99,14 @@ func (t *handlerTx) admit(sql string, args []any) error {
 	if t.b == nil || !isWrite(sql) {
 		return nil
 	}
-	if t.b.gone.Load() {
-		return nil // abandoned: its keys were released and stay so
-	}
 	key := rowKey(sql, args)
-	t.owned = t.b.e.keys.take(t.b, key)
-	if t.owned {
-		t.b.keys = append(t.b.keys, key)
-	} else if t.postpone && !t.wrote && !t.deferredSince() {
+	mayPostpone := t.postpone && !t.wrote && !t.deferredSince()
+	t.owned = t.b.e.keys.take(t.b, key, !mayPostpone)
+	if !t.owned && mayPostpone {
 		t.postponed = true
 		return errPostponed
 	}
+	t.b.keys = append(t.b.keys, key)
 	t.wrote = true
 	return nil
 }

@@ -170,8 +170,7 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *p
 		case now := <-timer.C:
 			index, wait, abandon := w.overdue(now, e.cfg.HandlerTimeout, abandonGrace)
 			if abandon {
-				w.owner.gone.Store(true)
-				e.keys.releaseAll(w.owner)
+				e.keys.abandon(w.owner)
 				return e.abandon(ctx, items, index, w.conn)
 			}
 			timer.Reset(max(wait, time.Millisecond))
