@@ -147,7 +147,9 @@ type Config struct {
 	Pool *pgxpool.Pool
 
 	// Prefetch is the broker's limit of unacknowledged deliveries.
-	// Default: 2 × BatchMaxSize × Workers, at most 1000.
+	// Default: 4 × BatchMaxSize × Workers, at most 4000: a batch running
+	// and one ready for every worker, and as many acks again waiting for
+	// a multiple ack. MaxBufferedBytes bounds the bytes they hold.
 	Prefetch int
 
 	// Queue is the queue to consume.
@@ -197,8 +199,10 @@ type Config struct {
 	// TracerProvider provides the spans. Default: the global provider.
 	TracerProvider trace.TracerProvider
 
-	// Workers is the number of batches processed in parallel. Default: the
-	// number of CPUs (GOMAXPROCS), at least 2. Fewer run at once while
+	// Workers is the number of batches processed in parallel. Default:
+	// twice the number of CPUs (GOMAXPROCS), at least 4, at most the Pool's
+	// MaxConns: a handler's statements are round trips, and while one batch
+	// waits for PostgreSQL another uses the CPU. Fewer run at once while
 	// batches conflict over rows, and more again as soon as they stop.
 	Workers int
 }
@@ -250,8 +254,13 @@ func (c *Config) setDefaults() {
 	if c.MessageID == nil {
 		c.MessageID = idFromProperty
 	}
-	def(&c.Workers, max(runtime.GOMAXPROCS(0), 2))
-	def(&c.Prefetch, min(2*c.BatchMaxSize*c.Workers, 1000))
+	if c.Workers <= 0 {
+		c.Workers = max(2*runtime.GOMAXPROCS(0), 4)
+		if c.Pool != nil { // a worker without a connection only waits for one
+			c.Workers = min(c.Workers, max(int(c.Pool.Config().MaxConns), 2))
+		}
+	}
+	def(&c.Prefetch, min(4*c.BatchMaxSize*c.Workers, 4000))
 	if c.QueueType == "" {
 		c.QueueType = "quorum"
 	}

@@ -176,7 +176,9 @@ func drain(ctx context.Context, o options, pool *pgxpool.Pool, procs, round int)
 // publish sends o.n messages, a share o.dup of them twice in a row, with
 // publisher confirms.
 func publish(ctx context.Context, o options, q string) error {
-	c, err := consumer.New(consumer.Config{Name: q, Pool: &pgxpool.Pool{}, Queue: q, AMQPURL: o.amqpURL,
+	// Declare only: the pool is never used, and Workers is set so that New
+	// does not size the workers by it.
+	c, err := consumer.New(consumer.Config{Name: q, Pool: &pgxpool.Pool{}, Queue: q, AMQPURL: o.amqpURL, Workers: 1,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		return err

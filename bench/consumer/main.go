@@ -28,7 +28,7 @@
 // the modes' medians.
 //
 //	go run ./bench/consumer [-n 20000] [-repeat 1] [-modes raw,naive,idem,idem-ordered,idem-deferred]
-//	    [-latency-rate 200 -latency-seconds 10] [-prefetch 1000] [-cap 30s] [-cpuprofile prefix]
+//	    [-latency-rate 200 -latency-seconds 10] [-prefetch N] [-cap 30s] [-cpuprofile prefix]
 //
 // IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are. The
 // run uses a fresh schema and fresh queues, and drops them at the end. The
@@ -150,7 +150,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.repeat, "repeat", 1, "rounds of the throughput modes; targets compare the modes' medians")
 	modes := fs.String("modes", strings.Join(allModes, ","), "throughput modes to run, in order")
 	fs.IntVar(&o.accounts, "accounts", 1000, "number of account rows the messages update")
-	fs.IntVar(&o.prefetch, "prefetch", 1000, "broker prefetch for every consumer")
+	fs.IntVar(&o.prefetch, "prefetch", 0, "broker prefetch for every consumer (0: the one idem's default Config gets)")
 	fs.IntVar(&o.naiveWorkers, "naive-workers", 16, "goroutines of the naive consumer")
 	fs.IntVar(&o.workers, "workers", 0, "idem Config.Workers (0: the runtime's default)")
 	fs.IntVar(&o.batchMaxSize, "batch", 0, "idem Config.BatchMaxSize (0: the runtime's default)")
@@ -183,8 +183,8 @@ func parse(args []string) (options, error) {
 		}
 		o.modes = append(o.modes, m)
 	}
-	if o.n <= 0 || o.repeat <= 0 || o.accounts <= 0 || o.prefetch <= 0 || o.naiveWorkers <= 0 || o.cap <= 0 {
-		return o, errors.New("-n, -repeat, -accounts, -prefetch, -naive-workers and -cap must be positive")
+	if o.n <= 0 || o.repeat <= 0 || o.accounts <= 0 || o.prefetch < 0 || o.naiveWorkers <= 0 || o.cap <= 0 {
+		return o, errors.New("-n, -repeat, -accounts, -naive-workers and -cap must be positive, -prefetch not negative")
 	}
 	return o, nil
 }

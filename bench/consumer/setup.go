@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -67,8 +68,25 @@ func setup(ctx context.Context, o options) (*bench, error) {
 		b.cleanup()
 		return nil, err
 	}
+	if b.o.prefetch == 0 {
+		if b.o.prefetch, err = idemPrefetch(b.o, pool); err != nil {
+			b.cleanup()
+			return nil, err
+		}
+	}
 	b.logf("run %s: schema %s, %d accounts, %d messages per mode", b.runID, schema, o.accounts, o.n)
 	return b, nil
+}
+
+// idemPrefetch is the prefetch the runtime gives a default Config with the
+// run's Workers and BatchMaxSize on pool: every mode then consumes with it.
+func idemPrefetch(o options, pool *pgxpool.Pool) (int, error) {
+	c, err := consumer.New(consumer.Config{AMQPURL: o.amqpURL, Name: "bench-defaults", Pool: pool, Queue: "bench-defaults",
+		Workers: o.workers, BatchMaxSize: o.batchMaxSize})
+	if err != nil {
+		return 0, fmt.Errorf("idem's default prefetch: %w", err)
+	}
+	return c.Config().Prefetch, nil
 }
 
 // appName is the application_name of the run's connections, by which their
