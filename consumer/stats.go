@@ -14,7 +14,8 @@ type Stats struct {
 	// Retried messages were parked in the retry queue after a handler error.
 	Retried int64
 	// Unresolved messages were handed back to the broker after their batch
-	// could not commit.
+	// could not commit, or whose retry or dead-letter copy the broker did
+	// not store (they stay unacked in the queue).
 	Unresolved int64
 	// AcksDropped counts settlements skipped because their channel had died.
 	AcksDropped int64

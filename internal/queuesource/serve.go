@@ -29,7 +29,12 @@ const routeBurst = 64
 // only after they stopped; each of them ends within the handler timeout.
 func (src *Source) serve(ctx context.Context, s *session) error {
 	tag := fmt.Sprintf("%s-%d", src.cfg.ConnectionName, s.gen)
-	deliveries, err := s.ch.Consume(src.cfg.Queue, tag, false, false, false, false, nil)
+	sig := s.notifications()
+	var deliveries <-chan amqp.Delivery
+	err := src.brokerCall(ctx, s.sock, func() (err error) {
+		deliveries, err = s.ch.Consume(src.cfg.Queue, tag, false, false, false, false, nil)
+		return err
+	})
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
@@ -57,9 +62,13 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 	}
 	wg.Go(func() { src.isolate(s, r.suspects, stop) })
 
-	reason := r.loop(ctx, deliveries)
+	reason := r.loop(ctx, deliveries, sig)
 	if ctx.Err() == nil || reason != nil {
-		s.kill() // cancels the handlers of this session's batches
+		why := reason
+		if why == nil { // loop stopped because the session was killed
+			why = errSessionDied
+		}
+		s.kill(why) // cancels the handlers of this session's batches
 	}
 	close(stop)
 	wg.Wait()
@@ -91,8 +100,13 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 		// consumer. The order matters on RabbitMQ 3.10 quorum queues: acks
 		// that arrive after basic.cancel are ignored, and acks still pending
 		// in the channel when the connection closes are lost, while a
-		// cancel-ok confirms the acks before it.
-		_ = s.ch.Cancel(tag, false)
+		// cancel-ok confirms the acks before it. The wait for cancel-ok is
+		// bounded by CommitTimeout (ctx has ended: shutdown).
+		err := src.brokerCall(context.WithoutCancel(ctx), s.sock, func() error { return s.ch.Cancel(tag, false) })
+		if err != nil {
+			src.cfg.Logger.Warn("cancelling the consumer at shutdown failed; the broker redelivers what was not acked",
+				"consumer", src.cfg.Name, "error", err)
+		}
 	}
 }
 
@@ -106,38 +120,60 @@ type router struct {
 	suspects chan *delivery
 }
 
+// signals are the session's notifications of its end.
+type signals struct {
+	connClosed, chClosed, pubConnClosed, pubClosed <-chan *amqp.Error
+	// cancelled is closed (with no value) whenever ch closes.
+	cancelled <-chan string
+}
+
+// notifications registers for the session's end. Register before the
+// session is used: the client closes a notification registered on a
+// channel or connection already closed without saying why.
+func (s *session) notifications() signals {
+	return signals{
+		connClosed:    s.conn.NotifyClose(make(chan *amqp.Error, 1)),
+		chClosed:      s.ch.NotifyClose(make(chan *amqp.Error, 1)),
+		pubConnClosed: s.pubConn.NotifyClose(make(chan *amqp.Error, 1)),
+		pubClosed:     s.pub.ch.NotifyClose(make(chan *amqp.Error, 1)),
+		cancelled:     s.ch.NotifyCancel(make(chan string, 1)),
+	}
+}
+
 // loop routes deliveries until ctx ends or the session dies, and says why
 // it stopped (nil on shutdown).
-func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery) error {
+func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery, sig signals) error {
 	s := r.s
-	connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
-	chClosed := s.ch.NotifyClose(make(chan *amqp.Error, 1))
-	pubConnClosed := s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
-	pubClosed := s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
-	cancelled := s.ch.NotifyCancel(make(chan string, 1))
+	cancelled := sig.cancelled
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case e := <-connClosed:
+		case e := <-sig.connClosed:
 			return fmt.Errorf("connection closed: %v", e)
-		case e := <-chClosed:
+		case e := <-sig.chClosed:
 			return fmt.Errorf("channel closed: %v", e)
-		case e := <-pubConnClosed:
+		case e := <-sig.pubConnClosed:
 			return fmt.Errorf("publish connection closed: %v", e)
-		case e := <-pubClosed:
+		case e := <-sig.pubClosed:
 			return fmt.Errorf("publish channel closed: %v", e)
-		case <-cancelled:
+		case _, ok := <-cancelled:
+			if !ok {
+				// The client closes it whenever the AMQP channel or
+				// connection closes: the close notifications say why.
+				cancelled = nil
+				continue
+			}
 			return fmt.Errorf("broker cancelled the consumer of %s (queue deleted?)", r.src.cfg.Queue)
 		case <-s.dead:
-			return errors.New("session abandoned")
+			return fmt.Errorf("session ended: %w", s.why)
 		case d, ok := <-deliveries:
 			// Route this delivery and up to a burst of those already
 			// buffered behind it with cheap non-blocking receives; the
 			// select over every signal above waits for the next one.
 			for n := 0; ; n++ {
 				if !ok {
-					return errors.New("delivery channel closed")
+					return closedWhy(sig)
 				}
 				if !r.route(ctx, d) {
 					return nil
@@ -153,6 +189,20 @@ func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery) erro
 				break // nothing buffered: wait in the select above
 			}
 		}
+	}
+}
+
+// closedWhy is why the delivery channel closed: the client closes it when
+// the AMQP channel or connection closes, after it queued the broker's reason
+// in their close notifications.
+func closedWhy(sig signals) error {
+	select {
+	case e := <-sig.connClosed:
+		return fmt.Errorf("connection closed: %v", e)
+	case e := <-sig.chClosed:
+		return fmt.Errorf("channel closed: %v", e)
+	default:
+		return errors.New("delivery channel closed")
 	}
 }
 

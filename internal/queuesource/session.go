@@ -24,24 +24,56 @@ import (
 type session struct {
 	gen     uint64
 	conn    *amqp.Connection // consume
+	sock    net.Conn         // conn's socket, closed to end a call that hangs
 	ch      *amqp.Channel
 	pubConn *amqp.Connection
+	pubSock net.Conn // pubConn's socket
 	pub     *publisher
 	acks    *acker // settles ch's deliveries
 	gate    *gate
 	dead    chan struct{}
 	once    sync.Once
+	why     error           // why the session was killed; set before dead closes
 	ctx     context.Context // the batches' context: ends when the session dies
 	cancel  context.CancelCauseFunc
+	// acked reports that the broker took acks from this session (see
+	// worked: Run's reconnect backoff may start over after it).
+	acked atomic.Bool
 }
 
 // errSessionDied is the cause of a dead session's context.
 var errSessionDied = errors.New("queuesource: broker session died")
 
-func (s *session) kill() {
+// errNotStored ends a session whose retry or dead-letter copies the broker
+// did not store (returned as unroutable, or refused with a nack): such a
+// session counts as one that worked only if it lasted steadySession,
+// whatever it acked, so that reconnecting into the same refusal backs off.
+var errNotStored = errors.New("broker did not store retries or dead letters")
+
+// steadySession is how long a session must last to count as one that
+// worked even though it acked nothing (an idle queue): Run then reconnects
+// after it as after a first failure.
+const steadySession = time.Minute
+
+// worked reports whether the session, which lasted lived, did some good:
+// it lasted steadySession, or the broker took acks from it and it did not
+// end because the broker would not store its retries or dead letters. A
+// session that did not work makes Run back off further before it
+// reconnects. Call it once the session is closed.
+func (s *session) worked(lived time.Duration) bool {
+	if lived >= steadySession {
+		return true
+	}
+	return s.acked.Load() && !errors.Is(s.why, errNotStored)
+}
+
+// kill ends the session for the reason why (the first reason wins): its
+// batches' context is cancelled, and serve returns why.
+func (s *session) kill(why error) {
 	s.once.Do(func() {
+		s.why = why
 		close(s.dead)
-		s.cancel(errSessionDied)
+		s.cancel(fmt.Errorf("%w: %w", errSessionDied, why))
 	})
 }
 
@@ -57,7 +89,7 @@ func (s *session) alive() bool {
 // close ends the session: the gate opens (closing needs the broker's
 // answer on the consume connection) and both connections close.
 func (s *session) close() {
-	s.kill()
+	s.kill(errors.New("session closed"))
 	s.gate.release()
 	deadline := time.Now().Add(closeTimeout)
 	_ = s.conn.CloseDeadline(deadline)
@@ -81,11 +113,17 @@ func RedactURL(raw string) string {
 	return u.Redacted()
 }
 
-// dial opens a connection; g, when set, gates its socket.
-func (src *Source) dial(name string, g *gate) (*amqp.Connection, error) {
+// dial opens a connection; g, when set, gates its socket. It returns the
+// socket too, as the client uses it (writes with a deadline, reads behind
+// the gate): closing it is how brokerCall ends a call that hangs. The TCP
+// connect and the AMQP handshake are bounded by dialTimeout, and end early
+// when ctx does.
+func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connection, net.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	plain := amqp.DefaultDial(10 * time.Second)
+	plain := amqp.DefaultDial(dialTimeout) // and a deadline on the handshake
+	var sock net.Conn
+	stop := func() bool { return true }
 	dial := func(network, addr string) (net.Conn, error) {
 		c, err := plain(network, addr)
 		if err != nil {
@@ -97,19 +135,54 @@ func (src *Source) dial(name string, g *gate) (*amqp.Connection, error) {
 		// blocking a worker for good.
 		c = &writeDeadlineConn{Conn: c, timeout: src.cfg.CommitTimeout}
 		if g != nil {
-			return gated(c, g), nil
+			c = gated(c, g)
 		}
+		sock = c
+		stop = context.AfterFunc(ctx, func() { _ = c.Close() })
 		return c, nil
 	}
 	conn, err := amqp.DialConfig(src.cfg.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: dial})
+	if !stop() && err == nil { // ctx ended as the handshake finished
+		_ = conn.Close()
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		err = fmt.Errorf("dial %s: %w", RedactURL(src.cfg.AMQPURL), err)
 		if isAccessRefused(err) { // credentials, vhost access, SASL: all access-refused
-			return nil, fmt.Errorf("%w: %w", ErrFatal, err)
+			return nil, nil, fmt.Errorf("%w: %w", ErrFatal, err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	return conn, nil
+	return conn, sock, nil
+}
+
+// dialTimeout bounds the TCP connect and the AMQP handshake.
+const dialTimeout = 10 * time.Second
+
+// brokerCall runs call, which waits for the broker's answer to a
+// synchronous method on the connection whose socket is sock (channel.open,
+// queue.declare, basic.qos, confirm.select, basic.consume, basic.cancel).
+// The client waits for such an answer with neither a timer nor a context,
+// so a broker that stops answering, or a half-open socket, would hold the
+// caller for good. brokerCall closes sock when CommitTimeout passes or ctx
+// ends first: the connection dies, and call returns amqp.ErrClosed. The
+// connection is unusable after that; every caller then ends its session.
+func (src *Source) brokerCall(ctx context.Context, sock net.Conn, call func() error) error {
+	limit := src.cfg.CommitTimeout
+	timer := time.AfterFunc(limit, func() { _ = sock.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = sock.Close() })
+	err := call()
+	timedOut, cancelled := !timer.Stop(), !stop()
+	if (timedOut || cancelled) && err == nil {
+		err = amqp.ErrClosed // it answered as the socket closed
+	}
+	switch {
+	case timedOut:
+		return fmt.Errorf("no answer from the broker within %s (connection closed): %w", limit, err)
+	case cancelled:
+		return fmt.Errorf("%w (connection closed): %w", context.Cause(ctx), err)
+	}
+	return err
 }
 
 func isAccessRefused(err error) bool {
@@ -117,15 +190,17 @@ func isAccessRefused(err error) bool {
 	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused
 }
 
-// connect opens a session and sets up its channels and the topology.
-func (src *Source) connect(parent context.Context, gen uint64) (_ *session, err error) {
+// connect opens a session and sets up its channels and the topology. Each
+// broker call is bounded by CommitTimeout and ends with ctx (brokerCall);
+// the session's batches run on a context derived from work.
+func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
 	g := newGate(src.cfg.MaxBufferedBytes)
-	conn, err := src.dial(src.cfg.ConnectionName, g)
+	conn, sock, err := src.dial(ctx, src.cfg.ConnectionName, g)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{gen: gen, conn: conn, gate: g, dead: make(chan struct{})}
-	s.ctx, s.cancel = context.WithCancelCause(parent)
+	s := &session{gen: gen, conn: conn, sock: sock, gate: g, dead: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancelCause(work)
 	defer func() {
 		if err != nil {
 			s.cancel(err)
@@ -143,24 +218,24 @@ func (src *Source) connect(parent context.Context, gen uint64) (_ *session, err 
 		}
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	if s.ch, err = conn.Channel(); err != nil {
+	if err := src.brokerCall(ctx, sock, func() (err error) { s.ch, err = conn.Channel(); return err }); err != nil {
 		return nil, fail("open channel", err)
 	}
-	if err := src.declare(s.ch); err != nil {
+	if err := src.brokerCall(ctx, sock, func() error { return src.declare(s.ch) }); err != nil {
 		return nil, fail("topology", err)
 	}
-	if err := s.ch.Qos(src.cfg.Prefetch, 0, false); err != nil {
+	if err := src.brokerCall(ctx, sock, func() error { return s.ch.Qos(src.cfg.Prefetch, 0, false) }); err != nil {
 		return nil, fail("qos", err)
 	}
 	s.acks = newAcker(s.ch, src.cfg.Prefetch)
-	if s.pubConn, err = src.dial(src.cfg.ConnectionName+" (publish)", nil); err != nil {
+	if s.pubConn, s.pubSock, err = src.dial(ctx, src.cfg.ConnectionName+" (publish)", nil); err != nil {
 		return nil, err
 	}
-	pch, err := s.pubConn.Channel()
-	if err != nil {
+	var pch *amqp.Channel
+	if err := src.brokerCall(ctx, s.pubSock, func() (err error) { pch, err = s.pubConn.Channel(); return err }); err != nil {
 		return nil, fail("open publish channel", err)
 	}
-	if err := pch.Confirm(false); err != nil {
+	if err := src.brokerCall(ctx, s.pubSock, func() error { return pch.Confirm(false) }); err != nil {
 		return nil, fail("confirm mode", err)
 	}
 	s.pub = &publisher{ch: pch, returns: pch.NotifyReturn(make(chan amqp.Return, 2*publishChunk))}
@@ -229,33 +304,50 @@ type outgoing struct {
 	msg   amqp.Publishing
 }
 
+// fate is what the broker did with one published message.
+type fate uint8
+
+const (
+	// unconfirmed: not published, or no confirm came (the publish failed,
+	// the channel closed, the context ended).
+	unconfirmed fate = iota
+	// inQueue: acked and not returned; the queue holds it.
+	inQueue
+	// returned: the broker returned it (basic.return): no queue to route
+	// it to, such as a deleted retry or dead-letter queue.
+	returned
+	// refused: the broker nacked it (basic.nack): the queue would not take
+	// it, such as a full queue with x-overflow reject-publish.
+	refused
+)
+
 // publishChunk bounds the publishes awaiting confirms at once, so that the
 // returns of a chunk always fit the returns channel (the client drops a
 // return it cannot deliver within 5 s, which would pass for stored).
 const publishChunk = 512
 
-// publishAll publishes every message and waits for the confirms; ok[i]
-// reports whether message i is safely stored in its queue.
-func (p *publisher) publishAll(ctx context.Context, out []outgoing) (ok []bool, err error) {
-	ok = make([]bool, 0, len(out))
+// publishAll publishes every message and waits for the confirms; fates[i]
+// says whether message i is stored in its queue, and if not, why.
+func (p *publisher) publishAll(ctx context.Context, out []outgoing) (fates []fate, err error) {
+	fates = make([]fate, 0, len(out))
 	for len(out) > 0 {
 		n := min(len(out), publishChunk)
 		part, err := p.publishChunk(ctx, out[:n])
-		ok = append(ok, part...)
+		fates = append(fates, part...)
 		if err != nil {
-			return append(ok, make([]bool, len(out)-n)...), err
+			return append(fates, make([]fate, len(out)-n)...), err
 		}
 		out = out[n:]
 	}
-	return ok, nil
+	return fates, nil
 }
 
 // publishChunk publishes at most publishChunk messages; see publishAll.
-func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool, err error) {
+func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (fates []fate, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dropStaleReturns()
-	ok = make([]bool, len(out))
+	fates = make([]fate, len(out))
 	confirms := make([]*amqp.DeferredConfirmation, len(out))
 	ids := make(map[string]int, len(out))
 	for i, o := range out {
@@ -264,15 +356,18 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool
 		ids[id] = i
 		confirms[i], err = p.ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, o.msg)
 		if err != nil {
-			return ok, fmt.Errorf("publish to %s: %w", o.queue, err)
+			return fates, fmt.Errorf("publish to %s: %w", o.queue, err)
 		}
 	}
 	for i, dc := range confirms {
 		acked, err := dc.WaitContext(ctx)
 		if err != nil {
-			return ok, fmt.Errorf("confirm from %s: %w", out[i].queue, err)
+			return fates, fmt.Errorf("confirm from %s: %w", out[i].queue, err)
 		}
-		ok[i] = acked
+		fates[i] = refused
+		if acked {
+			fates[i] = inQueue
+		}
 	}
 	// The broker sends basic.return before the ack of the same message, and
 	// the client hands the return to our buffered channel before it resolves
@@ -281,14 +376,14 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (ok []bool
 		select {
 		case r, open := <-p.returns:
 			if !open { // the channel closed: its returns were all queued before
-				return ok, nil
+				return fates, nil
 			}
 			id, _ := r.Headers[publishIDHeader].(string)
 			if i, found := ids[id]; found {
-				ok[i] = false
+				fates[i] = returned
 			}
 		default:
-			return ok, nil
+			return fates, nil
 		}
 	}
 }

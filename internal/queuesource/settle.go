@@ -2,7 +2,10 @@ package queuesource
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -33,13 +36,25 @@ const (
 // letters and retries with confirms, then ack them; hand unresolved ones
 // back. Acks for a dead session are dropped (the broker redelivers, and the
 // inbox turns the redelivery into a duplicate).
+//
+// A dead letter or retry is acked only once the broker confirmed its copy.
+// A copy the broker did not store (returned as unroutable, refused with a
+// nack, or not confirmed) leaves its message with the broker, and the
+// message is counted as unresolved, not as dead-lettered or retried. When
+// the broker returned or refused a copy, the session ends and the message
+// stays unacked: the broker requeues it when the channel closes, and Run
+// reconnects, with backoff (see Run), declaring the queues again.
 func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, results []engine.Result) {
+	stored := make([]bool, len(batch))
+	for i, r := range results {
+		stored[i] = r.Outcome == engine.Processed || r.Outcome == engine.Duplicate
+	}
 	defer func() {
 		for _, d := range batch {
 			s.gate.give(len(d.d.Body))
 		}
 		src.held.Store(s.gate.heldBytes())
-		src.eng.Count(ctx, results) // once the broker has been told
+		src.eng.Count(ctx, countable(results, stored)) // once the broker has been told
 	}()
 	out, outIdx := src.outgoing(batch, results)
 	if !s.alive() {
@@ -48,37 +63,71 @@ func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, re
 	}
 	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), src.cfg.CommitTimeout)
 	defer cancel()
-	stored := make([]bool, len(batch))
-	for i, r := range results {
-		stored[i] = r.Outcome == engine.Processed || r.Outcome == engine.Duplicate
-	}
-	unroutable := false
+	notStored := false
 	if len(out) > 0 {
-		ok, err := s.pub.publishAll(settleCtx, out)
+		fates, err := s.pub.publishAll(settleCtx, out)
 		if err != nil {
 			src.cfg.Logger.Error("publishing dead letters and retries failed; leaving them for redelivery",
 				"consumer", src.cfg.Name, "error", err)
 		}
-		failed := 0
+		var nReturned, nRefused int
 		for j, i := range outIdx {
-			stored[i] = ok[j]
-			if !ok[j] {
-				failed++
+			stored[i] = fates[j] == inQueue
+			switch fates[j] {
+			case returned:
+				nReturned++
+			case refused:
+				nRefused++
 			}
 		}
-		unroutable = failed > 0 && err == nil
-		if unroutable {
-			// The retry or dead-letter queue is gone. Leave the messages
-			// unacked and reconnect, which declares the topology again;
-			// requeueing them at once would only dead-letter them again
-			// into the void.
-			src.cfg.Logger.Error("retry or dead-letter queue unroutable; reconnecting to declare it again",
-				"consumer", src.cfg.Name, "messages", failed, "retry_queue", src.cfg.RetryQueue,
-				"dead_letter_queue", src.cfg.DeadLetterQueue)
-			defer s.kill()
+		if notStored = nReturned+nRefused > 0; notStored {
+			// Leave the messages unacked and reconnect; requeueing them at
+			// once would only have them refused again, in a hot loop.
+			why := src.notStored(nReturned, nRefused)
+			defer s.kill(why)
 		}
 	}
-	src.ack(ctx, s, batch, stored, unroutable)
+	src.ack(ctx, s, batch, stored, notStored)
+}
+
+// notStored logs, and returns as the reason to end the session, that the
+// broker returned nReturned retries or dead letters as unroutable and
+// refused nRefused (basic.nack).
+func (src *Source) notStored(nReturned, nRefused int) error {
+	log := src.cfg.Logger.With("consumer", src.cfg.Name, "retry_queue", src.cfg.RetryQueue,
+		"dead_letter_queue", src.cfg.DeadLetterQueue)
+	var whys []string
+	if nReturned > 0 {
+		// The retry or dead-letter queue is gone: reconnecting declares it again.
+		log.Error("retry or dead-letter queue unroutable (broker returned the messages); leaving them unacked and reconnecting to declare the queues again",
+			"messages", nReturned)
+		whys = append(whys, fmt.Sprintf("%d returned as unroutable", nReturned))
+	}
+	if nRefused > 0 {
+		log.Error("broker refused retries or dead letters (negative confirm: a full queue with x-overflow reject-publish, or a broker error); leaving them unacked and reconnecting",
+			"messages", nRefused)
+		whys = append(whys, fmt.Sprintf("%d refused with a nack", nRefused))
+	}
+	return fmt.Errorf("%w: %s", errNotStored, strings.Join(whys, ", "))
+}
+
+// countable is results as they are counted: a dead letter or a retry whose
+// copy the broker did not store was handed back, not settled, and counts
+// as unresolved.
+func countable(results []engine.Result, stored []bool) []engine.Result {
+	var out []engine.Result
+	for i, r := range results {
+		if (r.Outcome == engine.DeadLettered || r.Outcome == engine.Retry) && !stored[i] {
+			if out == nil {
+				out = slices.Clone(results)
+			}
+			out[i] = engine.Result{Outcome: engine.Unresolved, Err: r.Err, Inbox: r.Inbox}
+		}
+	}
+	if out == nil {
+		return results
+	}
+	return out
 }
 
 // outgoing builds the copies to publish: dead letters and retries.
@@ -101,15 +150,16 @@ func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []o
 	return out, idx
 }
 
-// ack acks what is stored and hands back what is not.
-func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, stored []bool, unroutable bool) {
+// ack acks what is stored and hands back what is not; when notStored, the
+// session ends and what is not stored is left unacked instead.
+func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, stored []bool, notStored bool) {
 	acks := make([]uint64, 0, len(batch))
 	var nacks []uint64
 	for i, d := range batch {
 		switch {
 		case stored[i]:
 			acks = append(acks, d.d.DeliveryTag)
-		case unroutable:
+		case notStored:
 			// left unacked: the session ends and the broker requeues it
 		default:
 			nacks = append(nacks, d.d.DeliveryTag)
@@ -120,7 +170,10 @@ func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, store
 		return
 	}
 	err := s.acks.settle(acks, nacks)
-	if err == nil && unroutable {
+	if err == nil && len(acks) > 0 {
+		s.acked.Store(true)
+	}
+	if err == nil && notStored {
 		// The session ends: no ack may wait for the tags left unacked,
 		// this batch's or, from now on, another worker's.
 		err = s.acks.flush()
@@ -129,7 +182,7 @@ func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, store
 		// finish counts the acks that were not sent when the session ends.
 		src.cfg.Logger.Warn("acking failed; the broker redelivers what was not acked",
 			"consumer", src.cfg.Name, "error", err)
-		s.kill()
+		s.kill(fmt.Errorf("acking failed: %w", err))
 	}
 }
 

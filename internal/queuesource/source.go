@@ -10,6 +10,7 @@ package queuesource
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,13 @@ func (src *Source) BufferedBytes() int64 { return src.held.Load() }
 // detached from ctx, bounded by ShutdownTimeout), leaves deliveries that were
 // never started unacked for the next consumer, closes, and returns nil. It
 // returns an error wrapping ErrFatal for what reconnecting cannot fix.
+//
+// The backoff runs across sessions: a failed connect and a session that
+// ended without doing any good (see session.worked) both count as a failure,
+// so a session that the same cause ends as soon as it starts (a dead-letter
+// queue that refuses every dead letter) is retried ever more slowly, up to
+// ReconnectMaxDelay. After a session that worked, the next attempt waits as
+// after a first failure.
 func (src *Source) Run(ctx context.Context) (err error) {
 	vitals := &src.eng.Vitals
 	vitals.Running.Store(true)
@@ -95,14 +103,17 @@ func (src *Source) Run(ctx context.Context) (err error) {
 	log := src.cfg.Logger.With("consumer", src.cfg.Name, "queue", src.cfg.Queue)
 	tel := src.eng.Telemetry()
 	for failures := 0; ; {
-		s, err := src.connect(work, src.gen.Add(1))
+		s, err := src.connect(ctx, work, src.gen.Add(1))
 		if err != nil {
 			if errors.Is(err, ErrFatal) {
 				log.Error("broker refused the consumer; not retrying", "error", err)
 				return err
 			}
+			if ctx.Err() != nil {
+				return nil
+			}
 			failures++
-			delay := retry.Backoff(failures, 100*time.Millisecond, src.cfg.ReconnectMaxDelay)
+			delay := retry.Backoff(failures, reconnectBaseDelay, src.cfg.ReconnectMaxDelay)
 			log.Warn("broker unavailable, retrying", "error", err, "retry_in", delay)
 			vitals.SetTrouble("broker unavailable: " + err.Error())
 			if !retry.Sleep(ctx, delay) {
@@ -114,10 +125,10 @@ func (src *Source) Run(ctx context.Context) (err error) {
 			tel.Reconnect(ctx)
 			src.eng.Counts.Reconnects.Add(1)
 		}
-		failures = 0
 		log.Info("broker session started", "generation", s.gen, "url", RedactURL(src.cfg.AMQPURL),
 			"prefetch", src.cfg.Prefetch, "max_buffered_bytes", src.cfg.MaxBufferedBytes)
 		vitals.SetTrouble("")
+		started := time.Now()
 		err = src.serve(ctx, s)
 		vitals.Connected.Store(false)
 		if err != nil {
@@ -128,29 +139,39 @@ func (src *Source) Run(ctx context.Context) (err error) {
 			log.Info("broker session ended: shutdown", "generation", s.gen)
 			return nil
 		}
-		log.Warn("broker session ended, reconnecting", "generation", s.gen, "error", err)
 		if errors.Is(err, ErrFatal) {
+			log.Error("broker session ended; not retrying", "generation", s.gen, "error", err)
 			return err
 		}
-		if !retry.Sleep(ctx, retry.Backoff(1, 100*time.Millisecond, src.cfg.ReconnectMaxDelay)) {
+		if s.worked(time.Since(started)) {
+			failures = 0 // back off from scratch
+		}
+		failures++
+		delay := retry.Backoff(failures, reconnectBaseDelay, src.cfg.ReconnectMaxDelay)
+		log.Warn("broker session ended, reconnecting", "generation", s.gen, "error", err, "retry_in", delay)
+		if !retry.Sleep(ctx, delay) {
 			return nil
 		}
 	}
 }
 
+// reconnectBaseDelay is the backoff's first delay (see retry.Backoff).
+const reconnectBaseDelay = 100 * time.Millisecond
+
 // Declare connects once and sets up the topology as Config.Topology says.
+// Each broker call is bounded by CommitTimeout and ends with ctx.
 func (src *Source) Declare(ctx context.Context) error {
-	conn, err := src.dial(src.cfg.ConnectionName, nil)
+	conn, sock, err := src.dial(ctx, src.cfg.ConnectionName, nil)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
+	defer func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
+	var ch *amqp.Channel
+	if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
+		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := src.declare(ch); err != nil {
-		return err
+	if err := src.brokerCall(ctx, sock, func() error { return src.declare(ch) }); err != nil {
+		return fmt.Errorf("topology: %w", err)
 	}
 	return ctx.Err()
 }
