@@ -33,8 +33,9 @@ type Config struct {
 	// HealthInterval is how often the holder pings its connection. Default:
 	// 1s.
 	HealthInterval time.Duration
-	// HealthTimeout bounds one ping; a ping that does not answer in time
-	// counts as a lost connection. Default: 5s.
+	// HealthTimeout bounds one ping, one attempt at the lock while waiting
+	// and the unlock in Release; one that does not answer in time counts as
+	// a broken connection. Default: 5s.
 	HealthTimeout time.Duration
 	// Logger receives the lock's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -91,7 +92,8 @@ type Lock struct {
 // Acquire takes the session-level advisory lock for key on a connection it
 // acquires from pool and keeps, trying again every PollInterval while another
 // session holds it, until it gets it or ctx ends (ctx's error is returned,
-// wrapped). A connection that breaks while waiting is replaced.
+// wrapped). A connection that breaks while waiting, or does not answer an
+// attempt within HealthTimeout, is replaced.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config) (*Lock, error) {
 	return acquire(ctx, pool, key, cfg, false)
 }
@@ -112,15 +114,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config, on
 	var conn *pgxpool.Conn
 	waiting := false
 	for {
-		if conn == nil {
-			c, err := pool.Acquire(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("pglock: acquire %s: connection: %w", key, err)
-			}
-			conn = c
-		}
-		var got bool
-		err := conn.QueryRow(ctx, sqlTryLock, id).Scan(&got)
+		got, err := tryLock(ctx, pool, &conn, id, cfg.HealthTimeout)
 		switch {
 		case err == nil && got:
 			l := &Lock{
@@ -130,11 +124,16 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config, on
 			go l.watch()
 			logger.Info("pglock: acquired", slog.Uint64("pid", uint64(conn.Conn().PgConn().PID())))
 			return l, nil
+		case errors.Is(err, errNoConn):
+			return nil, fmt.Errorf("pglock: acquire %s: %w", key, err)
 		case err != nil && ctx.Err() == nil:
-			// A broken connection: replace it and keep waiting.
+			// A broken or frozen connection (or a pool that did not hand
+			// one out in time): replace it and keep waiting.
 			logger.Warn("pglock: try lock failed, reconnecting", slog.Any("error", err))
-			discard(conn)
-			conn = nil
+			if conn != nil {
+				discard(conn)
+				conn = nil
+			}
 		case err == nil && once:
 			conn.Release()
 			return nil, fmt.Errorf("pglock: acquire %s: %w", key, ErrHeld)
@@ -153,6 +152,38 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config, on
 		case <-t.C:
 		}
 	}
+}
+
+// errNoConn marks a pool that failed to hand out a connection for a reason
+// other than the attempt's timeout; Acquire returns it rather than retrying.
+var errNoConn = errors.New("connection")
+
+// tryLock makes one attempt at the lock on *conn, taking a connection from
+// pool first when *conn is nil. The whole attempt is bounded by timeout, so
+// that a connection that stops answering without breaking (a frozen
+// network, a stalled proxy) fails the attempt instead of blocking the
+// standby forever; the caller replaces it as it would a broken one.
+func tryLock(ctx context.Context, pool *pgxpool.Pool, conn **pgxpool.Conn, id int64, timeout time.Duration) (bool, error) {
+	attempt, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if *conn == nil {
+		c, err := pool.Acquire(attempt)
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				return false, fmt.Errorf("connection: no answer within %s: %w", timeout, err)
+			}
+			return false, fmt.Errorf("%w: %w", errNoConn, err)
+		}
+		*conn = c
+	}
+	var got bool
+	if err := (*conn).QueryRow(attempt, sqlTryLock, id).Scan(&got); err != nil {
+		if ctx.Err() == nil && attempt.Err() != nil {
+			return false, fmt.Errorf("try lock: no answer within %s: %w", timeout, err)
+		}
+		return false, fmt.Errorf("try lock: %w", err)
+	}
+	return got, nil
 }
 
 // discard closes c's connection so that the pool destroys it on Release.
@@ -203,8 +234,9 @@ var ErrReleased = errors.New("pglock: lock already released")
 
 // Release stops the health check, unlocks and returns the connection to the
 // pool. A lost lock's broken connection is destroyed instead; that is not an
-// error. When unlocking fails the connection is closed, which releases the
-// lock server-side, and the error is returned.
+// error. When unlocking fails or does not answer within HealthTimeout the
+// connection is closed, which releases the lock server-side, and the error is
+// returned.
 func (l *Lock) Release(ctx context.Context) error {
 	first := false
 	l.once.Do(func() { first = true })
@@ -219,10 +251,18 @@ func (l *Lock) Release(ctx context.Context) error {
 		return nil
 	default:
 	}
+	// Bounded like a ping: a frozen connection must not hold Release (called
+	// with a context without cancellation during shutdown) forever.
+	unlockCtx, cancel := context.WithTimeout(ctx, l.cfg.HealthTimeout)
+	defer cancel()
 	var unlocked bool
-	if err := l.conn.QueryRow(ctx, sqlUnlock, l.id).Scan(&unlocked); err != nil {
+	if err := l.conn.QueryRow(unlockCtx, sqlUnlock, l.id).Scan(&unlocked); err != nil {
 		discard(l.conn)
-		return fmt.Errorf("pglock: release %s: unlock: %w", l.key, err)
+		if ctx.Err() == nil && unlockCtx.Err() != nil {
+			return fmt.Errorf("pglock: release %s: unlock: no answer within %s, connection closed (the server drops the lock when it notices): %w",
+				l.key, l.cfg.HealthTimeout, err)
+		}
+		return fmt.Errorf("pglock: release %s: unlock: connection closed: %w", l.key, err)
 	}
 	l.conn.Release()
 	if !unlocked {
