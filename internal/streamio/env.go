@@ -129,6 +129,12 @@ type Env struct {
 	logger     *slog.Logger
 	uri        string // redacted
 	readBuffer int    // socket read buffer; 0 keeps kernel autotuning
+	// stall is how long a subscription may wait without a record before it
+	// checks that none is due (subscription.next). Default: stallCheck.
+	stall time.Duration
+	// subscribed, when set (by tests), sees each consumer right after the
+	// client created it, before its close notification is registered.
+	subscribed func(*stream.Consumer)
 
 	mu     sync.Mutex
 	live   map[*stream.Environment]struct{}
@@ -151,7 +157,7 @@ func Open(ctx context.Context, cfg Config) (*Env, error) {
 		return nil, err
 	}
 	routeTo(cfg.Logger)
-	e := &Env{cfg: cfg, logger: cfg.Logger, uri: Redact(cfg.URI), live: map[*stream.Environment]struct{}{}}
+	e := &Env{cfg: cfg, logger: cfg.Logger, uri: Redact(cfg.URI), stall: stallCheck, live: map[*stream.Environment]struct{}{}}
 	env, err := e.connect(ctx)
 	if err != nil {
 		return nil, err

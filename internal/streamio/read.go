@@ -54,8 +54,19 @@ func (e *Env) firstAtOrAfter(ctx context.Context, env *stream.Environment, strea
 // probe subscribes at spec with one credit, so the broker sends a single
 // chunk, and returns the first and last offsets seen: of the first message
 // only, or of the whole chunk when wholeChunk is set. ok is false when no
-// chunk came within ProbeTimeout.
+// chunk came within ProbeTimeout, twice: a consumer closed before probeOnce
+// registered for its close notification delivers nothing and reports
+// nothing, just like a stream with no chunk there.
 func (e *Env) probe(ctx context.Context, env *stream.Environment, streamName string, spec stream.OffsetSpecification, wholeChunk bool) (first, last int64, ok bool, err error) {
+	for range 2 {
+		if first, last, ok, err = e.probeOnce(ctx, env, streamName, spec, wholeChunk); ok || err != nil {
+			break
+		}
+	}
+	return first, last, ok, err
+}
+
+func (e *Env) probeOnce(ctx context.Context, env *stream.Environment, streamName string, spec stream.OffsetSpecification, wholeChunk bool) (first, last int64, ok bool, err error) {
 	var (
 		mu       sync.Mutex
 		seen     int
@@ -85,7 +96,7 @@ func (e *Env) probe(ctx context.Context, env *stream.Environment, streamName str
 		SetCreditStrategy(stream.ManualCreditStrategy).
 		SetInitialCredits(1).
 		SetClientProvidedName("idem-streamio-probe")
-	c, err := newConsumer(ctx, env, streamName, handler, opts)
+	c, err := e.newConsumer(ctx, env, streamName, handler, opts)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -142,7 +153,9 @@ func (e *Env) Read(ctx context.Context, spec ReadSpec, fn func(ctx context.Conte
 			slog.String("from", spec.From.String()), slog.String("to", spec.To.String()))
 		return nil
 	}
-	sub, err := subscribe(ctx, env, spec.Stream, start, spec.MaxBatch)
+	// Until Read is done, the record it waits for is in the stream.
+	due := func(context.Context, int64) bool { return true }
+	sub, err := e.subscribe(ctx, env, spec.Stream, start, w.from, spec.MaxBatch, due)
 	if err != nil {
 		return fmt.Errorf("streamio: read %s: %w", spec.Stream, err)
 	}
@@ -212,8 +225,9 @@ func (e *Env) resolve(ctx context.Context, env *stream.Environment, spec ReadSpe
 // Follow reads streamName from offset from (the first offset delivered) on,
 // without end, handing batches to fn the way Read does. It returns nil when
 // ctx is cancelled, fn's error as is, or an error wrapping ErrConnectionLost
-// when the subscription drops: reconnect and resume after your last
-// committed offset. A from past the tail waits for that record.
+// when the subscription drops or stops delivering (records are in the
+// stream but none came for 20 to 30 seconds): reconnect and resume after
+// your last committed offset. A from past the tail waits for that record.
 func (e *Env) Follow(ctx context.Context, streamName string, from int64, maxBatch int, fn func(ctx context.Context, batch []Record) error) error {
 	if from < 0 || maxBatch < 0 || streamName == "" {
 		return fmt.Errorf("%w: follow %q from %d, batch %d", ErrInvalidSpec, streamName, from, maxBatch)
@@ -229,7 +243,13 @@ func (e *Env) Follow(ctx context.Context, streamName string, from int64, maxBatc
 		return fmt.Errorf("streamio: follow %s: %w", streamName, err)
 	}
 	defer e.disconnect(env)
-	sub, err := subscribe(ctx, env, streamName, stream.OffsetSpecification{}.Offset(from), maxBatch)
+	due := func(ctx context.Context, want int64) bool {
+		ctx, cancel := context.WithTimeout(ctx, e.stall)
+		defer cancel()
+		tail, ok, err := e.tail(ctx, env, streamName)
+		return err == nil && ok && tail >= want
+	}
+	sub, err := e.subscribe(ctx, env, streamName, stream.OffsetSpecification{}.Offset(from), from, maxBatch, due)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

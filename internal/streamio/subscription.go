@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
@@ -20,9 +21,9 @@ const DefaultMaxBatch = 256
 const credits = 4
 
 // ErrConnectionLost is returned (wrapped) by Read and Follow when the
-// subscription ends without being asked to: the connection dropped, the
-// stream was deleted or its leader moved. Resume from the last offset you
-// committed.
+// subscription ends without being asked to (the connection dropped, the
+// stream was deleted or its leader moved) or stops delivering records the
+// stream holds. Resume from the last offset you committed.
 var ErrConnectionLost = errors.New("streamio: subscription closed by the broker or the network")
 
 // buffer hands records from the client's dispatch goroutine to the reading
@@ -91,16 +92,28 @@ func (b *buffer) stop() {
 	b.mu.Unlock()
 }
 
+// stallCheck is how long a subscription waits without a record before it
+// asks whether one is due, and how long it then waits for that record before
+// it presumes itself lost (subscription.next).
+const stallCheck = 10 * time.Second
+
 // subscription is one consumer feeding a buffer.
 type subscription struct {
 	consumer *stream.Consumer
 	buf      *buffer
 	closed   stream.ChannelClose
+	// want is the offset of the next record expected.
+	want int64
+	// stall is how long next waits before it asks backlog.
+	stall time.Duration
+	// backlog reports whether the stream holds the record at offset want:
+	// a subscription that then delivers nothing is lost.
+	backlog func(ctx context.Context, want int64) bool
 }
 
-// subscribe starts a consumer on streamName at spec. Records reach the
-// buffer in offset order.
-func subscribe(ctx context.Context, env *stream.Environment, streamName string, spec stream.OffsetSpecification, limit int) (*subscription, error) {
+// subscribe starts a consumer on streamName at spec, expecting offset from
+// first. Records reach the buffer in offset order.
+func (e *Env) subscribe(ctx context.Context, env *stream.Environment, streamName string, spec stream.OffsetSpecification, from int64, limit int, backlog func(context.Context, int64) bool) (*subscription, error) {
 	buf := newBuffer(limit)
 	handler := func(cc stream.ConsumerContext, m *amqp.Message) {
 		buf.put(toRecord(cc.Consumer.GetOffset(), m))
@@ -109,16 +122,16 @@ func subscribe(ctx context.Context, env *stream.Environment, streamName string, 
 		SetOffset(spec).
 		SetInitialCredits(credits).
 		SetClientProvidedName("idem-streamio")
-	c, err := newConsumer(ctx, env, streamName, handler, opts)
+	c, err := e.newConsumer(ctx, env, streamName, handler, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &subscription{consumer: c, buf: buf, closed: c.NotifyClose()}, nil
+	return &subscription{consumer: c, buf: buf, closed: c.NotifyClose(), want: from, stall: e.stall, backlog: backlog}, nil
 }
 
 // newConsumer creates a consumer, giving up when ctx ends; a consumer the
 // client creates after that is closed right away.
-func newConsumer(ctx context.Context, env *stream.Environment, streamName string, h stream.MessagesHandler, opts *stream.ConsumerOptions) (*stream.Consumer, error) {
+func (e *Env) newConsumer(ctx context.Context, env *stream.Environment, streamName string, h stream.MessagesHandler, opts *stream.ConsumerOptions) (*stream.Consumer, error) {
 	type result struct {
 		c   *stream.Consumer
 		err error
@@ -132,6 +145,9 @@ func newConsumer(ctx context.Context, env *stream.Environment, streamName string
 	case r := <-done:
 		if r.err != nil {
 			return nil, fmt.Errorf("subscribe: %w", r.err)
+		}
+		if e.subscribed != nil {
+			e.subscribed(r.c)
 		}
 		return r.c, nil
 	case <-ctx.Done():
@@ -152,13 +168,35 @@ func (s *subscription) close() {
 }
 
 // next waits for buffered records, the end of the subscription or ctx.
+//
+// The client reports a close only to a handler registered before it, and
+// NotifyClose can be called only once the consumer exists: a close in
+// between (the socket dropped, the stream's leader moved) is never reported.
+// So a wait that lasts s.stall asks s.backlog whether the stream holds the
+// record expected next; when it does and that record still does not come
+// within another s.stall, the subscription is lost.
 func (s *subscription) next(ctx context.Context) ([]Record, error) {
-	select {
-	case <-s.buf.ready:
-		return s.buf.take(), nil
-	case ev := <-s.closed:
-		return nil, fmt.Errorf("%w: %s", ErrConnectionLost, ev.Reason)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	timer := time.NewTimer(s.stall)
+	defer timer.Stop()
+	behind := false
+	for {
+		select {
+		case <-s.buf.ready:
+			recs := s.buf.take()
+			if n := len(recs); n > 0 {
+				s.want = recs[n-1].Offset + 1
+			}
+			return recs, nil
+		case ev := <-s.closed:
+			return nil, fmt.Errorf("%w: %s", ErrConnectionLost, ev.Reason)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			if behind {
+				return nil, fmt.Errorf("%w: offset %d is in the stream but was not delivered", ErrConnectionLost, s.want)
+			}
+			behind = s.backlog(ctx, s.want)
+			timer.Reset(s.stall)
+		}
 	}
 }
