@@ -38,8 +38,10 @@ type Publishing struct {
 
 // AMQPConfig configures an AMQPExecutor.
 type AMQPConfig struct {
-	// Dial opens the connection. Default: amqp.DialConfig with a 10 second
-	// dial timeout.
+	// Dial opens the connection. A call waits for it at most until the
+	// call's deadline (a later connection is closed), but cannot interrupt
+	// it. Default: amqp.DialConfig, with the connect and the handshake
+	// bounded by 10 seconds and by the deadline of the call that dials.
 	Dial func(url string) (*amqp.Connection, error)
 	// Logger receives reconnection logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -66,20 +68,16 @@ type AMQPExecutor struct {
 	log    *slog.Logger
 	server []attribute.KeyValue // server.address and server.port of the broker
 
-	mu     sync.Mutex // guards sess and closed
-	sess   *amqpSession
-	closed bool
+	mu      sync.Mutex // guards sess, dialing and closed; never held across a call into the client
+	sess    *amqpSession
+	dialing chan struct{} // closed when the dial in progress ends; nil when none is
+	closed  bool
 }
 
 // NewAMQPExecutor returns an executor for cfg. It connects on first use.
 func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("ledger: AMQPConfig.URL is required")
-	}
-	if cfg.Dial == nil {
-		cfg.Dial = func(url string) (*amqp.Connection, error) {
-			return amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
-		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -95,20 +93,19 @@ func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
 // consumers deduplicate on it.
 func (e *AMQPExecutor) DeduplicatesByKey() bool { return true }
 
-// Close closes the connection. Publishes in progress end as unknown.
+// Close closes the connection, waiting at most 5 seconds for the broker's
+// answer. Publishes in progress end as unknown; a dial in progress closes
+// its connection when it ends.
 func (e *AMQPExecutor) Close() error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.closed = true
-	if e.sess == nil {
-		return nil
-	}
-	err := e.sess.conn.Close()
+	s := e.sess
 	e.sess = nil
-	if errors.Is(err, amqp.ErrClosed) {
+	e.mu.Unlock()
+	if s == nil {
 		return nil
 	}
-	return err
+	return s.close()
 }
 
 // Execute publishes call's Publishing and waits for the broker's confirm,
@@ -130,7 +127,7 @@ func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 // publish sends p as the message of call and waits for its confirm;
 // errorType names a failure for the span.
 func (e *AMQPExecutor) publish(ctx context.Context, p Publishing, call Call) (Result, string, error) {
-	s, err := e.session()
+	s, err := e.session(ctx)
 	if err != nil {
 		return Result{Status: StatusFailedRetryable}, "connect", fmt.Errorf("ledger: amqp %s: connect: %w", call.EffectID, err)
 	}
@@ -153,7 +150,12 @@ func (e *AMQPExecutor) publish(ctx context.Context, p Publishing, call Call) (Re
 		Body:          p.Body,
 	}
 	dc, err := s.publish(ctx, p.Exchange, p.RoutingKey, msg)
-	if err != nil {
+	switch {
+	case errors.Is(err, errInterrupted):
+		return Result{Status: StatusUnknown}, "publish_interrupted", fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
+	case errors.As(err, new(errBlocked)):
+		return Result{Status: StatusFailedRetryable}, "blocked", fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
+	case err != nil:
 		// Publish failed in the client: nothing was sent.
 		return Result{Status: StatusFailedRetryable}, "publish", fmt.Errorf("ledger: amqp %s: publish: %w", call.EffectID, err)
 	}
@@ -209,96 +211,4 @@ func publishAttrs(p Publishing, call Call) (string, []attribute.KeyValue) {
 		attrs = append(attrs, semconv.MessagingMessageConversationID(p.CorrelationID))
 	}
 	return name, attrs
-}
-
-// session returns the open session, dialling a new one if there is none.
-func (e *AMQPExecutor) session() (*amqpSession, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, errors.New("executor is closed")
-	}
-	if e.sess != nil && !e.sess.dead() {
-		return e.sess, nil
-	}
-	if e.sess != nil {
-		_ = e.sess.conn.Close()
-		e.log.Info("ledger: amqp connection lost, reconnecting")
-	}
-	s, err := dialSession(e.cfg)
-	if err != nil {
-		e.sess = nil
-		return nil, err
-	}
-	e.sess = s
-	return s, nil
-}
-
-// amqpSession is a connection with one confirm-mode channel. Confirms are
-// deferred confirmations (no listener goroutine the client could block on);
-// returns land in a buffered channel that publishers drain after their
-// confirm, under a lock that is never held across a call into the client.
-type amqpSession struct {
-	conn    *amqp.Connection
-	ch      *amqp.Channel
-	returns chan amqp.Return
-
-	mu       sync.Mutex        // guards returned
-	returned map[string]string // message id → reply text of a return not yet claimed
-}
-
-// returnsBuffer bounds the returns waiting to be drained. The client drops a
-// return it cannot deliver within 5 s (which would pass for a stored
-// message), so it must exceed the publishes in flight at once.
-const returnsBuffer = 4096
-
-func dialSession(cfg AMQPConfig) (*amqpSession, error) {
-	conn, err := cfg.Dial(cfg.URL)
-	if err != nil {
-		return nil, err
-	}
-	ch, err := conn.Channel()
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	if err := ch.Confirm(false); err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	return &amqpSession{conn: conn, ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, returnsBuffer)),
-		returned: map[string]string{}}, nil
-}
-
-func (s *amqpSession) dead() bool { return s.ch.IsClosed() }
-
-// publish sends msg and returns its deferred confirmation.
-func (s *amqpSession) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
-	s.mu.Lock()
-	delete(s.returned, msg.MessageId) // a stale return of an earlier attempt
-	s.mu.Unlock()
-	return s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
-}
-
-// returnOf reports whether the broker returned the message with id as
-// unroutable. Call it after the message's confirm: the broker sends
-// basic.return before the ack, and the client queues the return before it
-// resolves the confirm.
-func (s *amqpSession) returnOf(id string) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for {
-		select {
-		case r, ok := <-s.returns:
-			if ok {
-				s.returned[r.MessageId] = fmt.Sprintf("%d %s", r.ReplyCode, r.ReplyText)
-				continue
-			}
-		default:
-		}
-		break
-	}
-	text, found := s.returned[id]
-	delete(s.returned, id)
-	return text, found
 }

@@ -1,11 +1,14 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -194,24 +197,30 @@ func (d *Dispatcher) complete(ctx context.Context, ids, owners, statuses []strin
 }
 
 // sweepLoop settles expired leases, looks up unknown effects whose executor
-// can reconcile them and refreshes the gauges, every PollInterval.
+// can reconcile them and refreshes the gauges, every PollInterval. Each of
+// these database calls is bounded by dbTimeout, and the loop ticks before
+// each, so that a stuck call shows in Health.
 func (d *Dispatcher) sweepLoop(r *run) {
 	t := time.NewTicker(d.cfg.PollInterval)
 	defer t.Stop()
 	for {
-		d.vitals.ticked()
+		d.vitals.sweep.ticked()
 		err := d.sweep(r.ctx)
-		if r.ctx.Err() == nil {
-			d.vitals.observe(err)
-		}
 		if err != nil && r.ctx.Err() == nil {
 			d.log.Error("ledger: sweep expired leases", "error", err)
 		}
 		if len(d.reconcile) > 0 {
-			if err := d.lookupUnknown(r); err != nil && r.ctx.Err() == nil {
-				d.log.Error("ledger: claim unknown effects for lookup", "error", err)
+			d.vitals.sweep.ticked()
+			lerr := d.lookupUnknown(r)
+			if lerr != nil && r.ctx.Err() == nil {
+				d.log.Error("ledger: claim unknown effects for lookup", "error", lerr)
 			}
+			err = cmp.Or(err, lerr)
 		}
+		if r.ctx.Err() == nil {
+			d.vitals.sweep.observe(err)
+		}
+		d.vitals.sweep.ticked()
 		if err := d.refreshGauges(r.ctx); err != nil && r.ctx.Err() == nil {
 			d.log.Warn("ledger: refresh gauges", "error", err)
 		}
@@ -223,10 +232,13 @@ func (d *Dispatcher) sweepLoop(r *run) {
 	}
 }
 
+// sweep settles expired leases in one statement, bounded by dbTimeout.
 func (d *Dispatcher) sweep(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, d.dbTimeout)
+	defer cancel()
 	rows, err := d.cfg.Pool.Query(ctx, d.sql.sweep, d.types, d.dedup, d.cfg.MaxAttempts)
 	if err != nil {
-		return err
+		return fmt.Errorf("ledger: sweep: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -235,7 +247,7 @@ func (d *Dispatcher) sweep(ctx context.Context) error {
 			attempt         int
 		)
 		if err := rows.Scan(&id, &typ, &status, &attempt); err != nil {
-			return err
+			return fmt.Errorf("ledger: sweep: %w", err)
 		}
 		d.metrics.transition(ctx, typ, Status(status), 1)
 		msg := "ledger: lease expired while in flight; retrying with the same key"
@@ -245,19 +257,25 @@ func (d *Dispatcher) sweep(ctx context.Context) error {
 		d.log.Warn(msg, "effect_id", id, "effect_type", typ, "status", status, "attempt", attempt,
 			"error", "lease expired while in flight")
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("ledger: sweep: %w", err)
+	}
+	return nil
 }
 
 // lookupUnknown claims unknown effects due for a lookup, as far as there is
 // room, and asks their reconcilers.
 func (d *Dispatcher) lookupUnknown(r *run) error {
 	free := min(d.cfg.Concurrency-int(r.inflight.Load()), d.cfg.BatchSize)
-	if free <= 0 {
+	if free <= 0 || r.ctx.Err() != nil {
 		return nil
 	}
 	owner := fmt.Sprintf("%s/%d", d.owner, d.seq.Add(1))
 	deadline := time.Now().Add(d.cfg.Lease * 9 / 10)
-	entries, err := d.claimRows(r.ctx, d.sql.claimUnknown, d.reconcile, free, owner)
+	// As a claim (see claim), it runs detached from shutdown, bounded.
+	cctx, cancel := context.WithTimeout(r.detached, d.dbTimeout)
+	defer cancel()
+	entries, err := d.claimRows(cctx, d.sql.claimUnknown, d.reconcile, free, owner)
 	if err != nil || len(entries) == 0 {
 		return err
 	}
@@ -265,13 +283,16 @@ func (d *Dispatcher) lookupUnknown(r *run) error {
 	return nil
 }
 
+// refreshGauges reads the gauges' values, bounded by dbTimeout.
 func (d *Dispatcher) refreshGauges(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, d.dbTimeout)
+	defer cancel()
 	var (
 		unknown int64
 		oldest  float64
 	)
 	if err := d.cfg.Pool.QueryRow(ctx, d.sql.gauges).Scan(&unknown, &oldest); err != nil {
-		return err
+		return fmt.Errorf("ledger: gauges: %w", err)
 	}
 	d.metrics.unknown.Store(unknown)
 	d.metrics.oldestDueBits.Store(math.Float64bits(oldest))
@@ -295,10 +316,14 @@ func (d *Dispatcher) listen(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
+// listenOnce listens on a connection of its own until the connection fails
+// or ctx ends.
 func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error {
-	c, err := d.cfg.Pool.Acquire(ctx)
+	setup, cancel := context.WithTimeout(ctx, d.dbTimeout)
+	defer cancel()
+	c, err := d.cfg.Pool.Acquire(setup)
 	if err != nil {
-		return err
+		return fmt.Errorf("ledger: listen: acquire a connection: %w", err)
 	}
 	// The listening connection leaves the pool: it must never serve a query
 	// while notifications queue on it.
@@ -308,8 +333,8 @@ func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if _, err := conn.Exec(ctx, d.sql.listen); err != nil {
-		return err
+	if _, err := conn.Exec(setup, d.sql.listen); err != nil {
+		return fmt.Errorf("ledger: listen: %w", err)
 	}
 	d.vitals.listening.Store(true)
 	defer d.vitals.listening.Store(false)
@@ -320,8 +345,35 @@ func (d *Dispatcher) listenOnce(ctx context.Context, wake chan<- struct{}) error
 		case wake <- struct{}{}:
 		default:
 		}
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		if err := d.awaitNotification(ctx, conn); err != nil {
 			return err
+		}
+	}
+}
+
+// awaitNotification waits for the next notification on conn, until ctx
+// ends. After each PollInterval (at most dbTimeout) without one it pings
+// conn, bounded by dbTimeout: a connection that stopped answering without
+// being reset (a failover, a dead peer) must not pass for a listening one.
+func (d *Dispatcher) awaitNotification(ctx context.Context, conn *pgx.Conn) error {
+	quiet := min(d.cfg.PollInterval, d.dbTimeout)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, quiet)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("ledger: listen: wait for a notification: %w", err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, d.dbTimeout)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("ledger: listen: ping the listening connection: %w", err)
 		}
 	}
 }

@@ -126,6 +126,10 @@ type Dispatcher struct {
 	seq     atomic.Uint64
 	running atomic.Bool
 	vitals  vitals // what Health reports
+
+	// dbTimeout bounds each database call of the loops: claimTimeout, but
+	// tests of stalled connections shorten it.
+	dbTimeout time.Duration
 }
 
 // NewDispatcher validates cfg and returns a Dispatcher; start it with Run.
@@ -145,7 +149,7 @@ func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: metrics: %w", err)
 	}
-	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger,
+	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger, dbTimeout: claimTimeout,
 		tracer: cfg.TracerProvider.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
 	for typ, ex := range cfg.Executors {
 		if ex == nil {
@@ -238,13 +242,13 @@ func (d *Dispatcher) claimLoop(r *run) {
 	// saturated dispatcher does not commit a claim per finished call.
 	threshold := max(1, min(d.cfg.BatchSize, d.cfg.Concurrency)/2)
 	for r.ctx.Err() == nil {
-		d.vitals.ticked()
+		d.vitals.claim.ticked()
 		waitSlot := false
 		if free := d.cfg.Concurrency - int(r.inflight.Load()); free > 0 {
 			want := min(free, d.cfg.BatchSize)
 			n, err := d.claim(r, want)
 			if r.ctx.Err() == nil {
-				d.vitals.observe(err)
+				d.vitals.claim.observe(err)
 			}
 			if err != nil && r.ctx.Err() == nil {
 				d.log.Error("ledger: claim effects", "error", err)
@@ -290,7 +294,7 @@ func (d *Dispatcher) claim(r *run, n int) (int, error) {
 	// The claim commits on its own: were it cancelled between the commit and
 	// reading the rows, the claimed effects would never be called and would
 	// end unknown. So it runs detached from shutdown, bounded by a timeout.
-	cctx, cancel := context.WithTimeout(r.detached, claimTimeout)
+	cctx, cancel := context.WithTimeout(r.detached, d.dbTimeout)
 	defer cancel()
 	entries, err := d.claimRows(cctx, d.sql.claim, d.types, n, owner)
 	if err != nil || len(entries) == 0 {

@@ -8,8 +8,9 @@ import (
 	"github.com/idemkit/idem/health"
 )
 
-// claimTimeout bounds one claim statement; the claim loop may not tick
-// while it runs.
+// claimTimeout bounds each database call of the dispatcher's loops (a claim,
+// a sweep, a lookup claim, a gauge read, the listener's set-up and pings): a
+// loop does not tick while one runs.
 const claimTimeout = 30 * time.Second
 
 // Run's lifecycle, as Health reports it.
@@ -23,29 +24,43 @@ const (
 type vitals struct {
 	state     atomic.Int32
 	listening atomic.Bool
-	tick      atomic.Int64           // unix nanoseconds of the last loop turn
-	dbErr     atomic.Pointer[string] // the last claim or sweep error; nil after a success
+	claim     loopVitals // the claim loop
+	sweep     loopVitals // the sweep loop: sweep, lookups, gauges
 }
 
-func (v *vitals) ticked() { v.tick.Store(time.Now().UnixNano()) }
+// loopVitals is what one loop last observed.
+type loopVitals struct {
+	tick  atomic.Int64           // unix nanoseconds of the last turn
+	dbErr atomic.Pointer[string] // the last error of its statements; nil after a success
+}
 
-// observe records the outcome of a database call of the loops.
-func (v *vitals) observe(err error) {
+// ticked marks every loop as turned, when Run starts.
+func (v *vitals) ticked() {
+	v.claim.ticked()
+	v.sweep.ticked()
+}
+
+func (l *loopVitals) ticked() { l.tick.Store(time.Now().UnixNano()) }
+
+// observe records the outcome of a database call of the loop.
+func (l *loopVitals) observe(err error) {
 	if err == nil {
-		v.dbErr.Store(nil)
+		l.dbErr.Store(nil)
 		return
 	}
 	s := truncate(err.Error(), 200)
-	v.dbErr.Store(&s)
+	l.dbErr.Store(&s)
 }
 
 // Health reports the dispatcher's health, for health.Handler:
 //
-//   - Ready while Run runs, its notification listener is connected and its
-//     last claim or sweep statement succeeded;
-//   - Live unless Run has returned or its loops have not turned for longer
-//     than a claim may take (30s) plus three PollIntervals: a dispatcher
-//     that waits for its database is live but not ready.
+//   - Ready while Run runs, its notification listener is connected (and
+//     answers a ping after each PollInterval without a notification), and
+//     the last statement of its claim loop and of its sweep loop succeeded;
+//   - Live unless Run has returned or its claim loop or its sweep loop has
+//     not turned for longer than a database call may take (30s) plus three
+//     PollIntervals: a dispatcher that waits for its database is live but
+//     not ready.
 //
 // Before Run starts it is live and not ready.
 func (d *Dispatcher) Health() health.Status {
@@ -57,13 +72,21 @@ func (d *Dispatcher) Health() health.Status {
 		return health.Status{Component: s.Component, Reason: "stopped"}
 	}
 	var reasons []string
-	if since := time.Since(time.Unix(0, d.vitals.tick.Load())); since > claimTimeout+3*d.cfg.PollInterval {
-		s.Live, s.Ready = false, false
-		reasons = append(reasons, fmt.Sprintf("its loop has not turned for %s", since.Round(time.Second)))
+	loops := []struct {
+		name string
+		v    *loopVitals
+	}{{"claim", &d.vitals.claim}, {"sweep", &d.vitals.sweep}}
+	for _, l := range loops {
+		if since := time.Since(time.Unix(0, l.v.tick.Load())); since > d.dbTimeout+3*d.cfg.PollInterval {
+			s.Live, s.Ready = false, false
+			reasons = append(reasons, fmt.Sprintf("its %s loop has not turned for %s", l.name, since.Round(time.Millisecond)))
+		}
 	}
-	if e := d.vitals.dbErr.Load(); e != nil {
-		s.Ready = false
-		reasons = append(reasons, "database: "+*e)
+	for _, l := range loops {
+		if e := l.v.dbErr.Load(); e != nil {
+			s.Ready = false
+			reasons = append(reasons, "database: "+*e)
+		}
 	}
 	if !d.vitals.listening.Load() {
 		s.Ready = false
