@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/amqpconn"
 )
 
 // RedriveOptions say which dead-lettered messages Redrive moves back. AMQPURL,
@@ -51,6 +52,8 @@ type RedriveOptions struct {
 	// afterConfirm, when set, runs after a chunk's confirms and before its
 	// rows are marked and its messages acked (tests cut the connection here).
 	afterConfirm func()
+	// brokerTimeout, when set, replaces brokerTimeout (tests shorten it).
+	brokerTimeout time.Duration
 }
 
 // RedriveResult says what Redrive did.
@@ -77,6 +80,12 @@ const redriveChunk = 64
 // confirmTimeout bounds the wait for one chunk's confirms.
 const confirmTimeout = 30 * time.Second
 
+// brokerTimeout bounds the connect and handshake, each write to the broker,
+// each wait for its answer to a method (queue.declare, basic.get, ...) and
+// the connection's close. RabbitMQ blocks a publishing connection during a
+// memory or disk alarm: it stops reading but keeps sending heartbeats.
+const brokerTimeout = 30 * time.Second
+
 // Redrive moves the dead-lettered messages that match opts from the
 // dead-letter queue back to opts.Queue, each with its body, properties and
 // message id; idem's reason headers move into the history header (see
@@ -89,6 +98,10 @@ const confirmTimeout = 30 * time.Second
 // consumer's inbox recognises. Messages that do not match stay where they
 // are, in their order. Redrive looks at most at the messages the dead-letter
 // queue held when it started, so it ends even while messages keep arriving.
+//
+// Every broker call is bounded in time, and when ctx ends Redrive closes
+// its connection and returns ctx's cause at once: the messages not acked by
+// then stay in the dead-letter queue.
 func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if opts.DeadLetterQueue == "" {
 		opts.DeadLetterQueue = opts.Queue + ".dlq"
@@ -104,15 +117,17 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if err := opts.Tables.Validate(); err != nil {
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
 	}
-	conn, err := amqp.DialConfig(opts.AMQPURL, amqp.Config{
-		Heartbeat: 10 * time.Second, Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "idem-redrive"},
-	})
+	timeout := brokerTimeout
+	if opts.brokerTimeout > 0 {
+		timeout = opts.brokerTimeout
+	}
+	conn, err := amqpconn.Dial(ctx, opts.AMQPURL, "idem-redrive", timeout)
 	if err != nil {
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: dial %s: %w", redact(opts.AMQPURL), scrub(err, opts.AMQPURL))
 	}
 	// Closing the connection hands every message still unacked (those that
 	// did not match, or whose move failed) back to the dead-letter queue.
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	r := &redrive{o: opts, conn: conn, mark: markSQL(opts.Tables)}
 	if err := r.open(); err != nil {
 		return RedriveResult{}, err
@@ -121,10 +136,11 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	return r.res, err
 }
 
-// redrive is the state of one Redrive call.
+// redrive is the state of one Redrive call. Every wait on the broker goes
+// through conn.Call, which bounds it and ends it with the context.
 type redrive struct {
 	o       RedriveOptions
-	conn    *amqp.Connection
+	conn    *amqpconn.Conn
 	in, out *amqp.Channel
 	returns chan amqp.Return
 	depth   int
@@ -136,31 +152,46 @@ type redrive struct {
 // channels.
 func (r *redrive) open() error {
 	for _, q := range []string{r.o.Queue, r.o.DeadLetterQueue} {
-		ch, err := r.conn.Channel()
+		ch, err := r.channel()
 		if err != nil {
-			return fmt.Errorf("deadletters: redrive: open channel: %w", err)
+			return err
 		}
-		info, err := ch.QueueDeclarePassive(q, false, false, false, false, nil)
-		if err != nil {
+		var info amqp.Queue
+		if err := r.conn.Call(func() (err error) {
+			info, err = ch.QueueDeclarePassive(q, false, false, false, false, nil)
+			return err
+		}); err != nil {
 			return fmt.Errorf("deadletters: redrive: queue %s: %w", q, err)
 		}
-		_ = ch.Close()
+		_ = r.conn.Call(ch.Close)
 		if q == r.o.DeadLetterQueue {
 			r.depth = info.Messages
 		}
 	}
 	var err error
-	if r.in, err = r.conn.Channel(); err != nil {
-		return fmt.Errorf("deadletters: redrive: open channel: %w", err)
+	if r.in, err = r.channel(); err != nil {
+		return err
 	}
-	if r.out, err = r.conn.Channel(); err != nil {
-		return fmt.Errorf("deadletters: redrive: open channel: %w", err)
+	if r.out, err = r.channel(); err != nil {
+		return err
 	}
-	if err := r.out.Confirm(false); err != nil {
+	if err := r.conn.Call(func() error { return r.out.Confirm(false) }); err != nil {
 		return fmt.Errorf("deadletters: redrive: confirm mode: %w", err)
 	}
 	r.returns = r.out.NotifyReturn(make(chan amqp.Return, redriveChunk))
 	return nil
+}
+
+// channel opens a channel.
+func (r *redrive) channel() (ch *amqp.Channel, err error) {
+	err = r.conn.Call(func() error {
+		ch, err = r.conn.Channel()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("deadletters: redrive: open channel: %w", err)
+	}
+	return ch, nil
 }
 
 // scan gets the dead-letter queue's messages one by one, up to its depth at
@@ -172,7 +203,12 @@ func (r *redrive) scan(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("deadletters: redrive: %w", err)
 		}
-		d, ok, err := r.in.Get(r.o.DeadLetterQueue, false)
+		var d amqp.Delivery
+		var ok bool
+		err := r.conn.Call(func() (err error) {
+			d, ok, err = r.in.Get(r.o.DeadLetterQueue, false)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("deadletters: redrive: get from %s: %w", r.o.DeadLetterQueue, err)
 		}
@@ -204,7 +240,11 @@ func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
 	confirms := make([]*amqp.DeferredConfirmation, len(chunk))
 	for i, d := range chunk {
 		p := republish(d, redriveHeaders(d.Headers, now, r.o.Operator, r.o.DeadLetterQueue))
-		dc, err := r.out.PublishWithDeferredConfirmWithContext(ctx, "", r.o.Queue, true, false, p)
+		var dc *amqp.DeferredConfirmation
+		err := r.conn.Call(func() (err error) {
+			dc, err = r.out.PublishWithDeferredConfirmWithContext(ctx, "", r.o.Queue, true, false, p)
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("deadletters: redrive: publish to %s: %w", r.o.Queue, err)
 		}
@@ -216,6 +256,9 @@ func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
 		acked, err := dc.WaitContext(cctx)
 		if err != nil {
 			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.o.Queue, err)
+		}
+		if !acked && r.out.IsClosed() { // the client nacks what was pending when the channel closed
+			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.o.Queue, r.closed())
 		}
 		if !acked {
 			return fmt.Errorf("%w: %s refused a message (negative confirm)", ErrNotMoved, r.o.Queue)
@@ -233,18 +276,32 @@ func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
 	if r.o.afterConfirm != nil {
 		r.o.afterConfirm()
 	}
+	// Cancelled or cut off: the acks cannot go out, so the rows stay
+	// unmarked too, as their messages stay in the dead-letter queue.
+	if err := r.conn.Err(); err != nil {
+		return fmt.Errorf("deadletters: redrive: before marking rows: %w", err)
+	}
 	marked, err := r.markRows(ctx, chunk)
 	if err != nil {
 		return err
 	}
 	for _, d := range chunk {
-		if err := d.Ack(false); err != nil {
+		if err := r.conn.Call(func() error { return d.Ack(false) }); err != nil {
 			return fmt.Errorf("deadletters: redrive: ack in %s: %w", r.o.DeadLetterQueue, err)
 		}
 	}
 	r.res.Moved += len(chunk)
 	r.res.Marked += marked
 	return nil
+}
+
+// closed says why the publish channel closed: ctx ended, the connection
+// closed, or the broker closed the channel.
+func (r *redrive) closed() error {
+	if err := r.conn.Err(); err != nil {
+		return err
+	}
+	return amqp.ErrClosed
 }
 
 // markRows marks, for each message of chunk, the oldest unmarked dead-letter

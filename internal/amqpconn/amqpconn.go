@@ -1,0 +1,142 @@
+// Package amqpconn bounds the waits that the AMQP client leaves open, for
+// the short-lived connections of idem's operator tools.
+//
+// amqp091 clears the dial deadline once the handshake is done, so a write to
+// a broker that stopped reading (RabbitMQ blocks publishing connections on a
+// memory or disk alarm) blocks for good. A synchronous method (queue.declare,
+// basic.get, connection.close) waits for its answer with neither a timer nor
+// a context, and the heartbeats a blocked broker keeps sending keep the read
+// deadline from ever firing. A Conn gives every write a deadline, bounds
+// every Call and its Close by a timeout, and closes its socket when its
+// context ends: whatever was pending then returns amqp.ErrClosed.
+package amqpconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Conn is an AMQP connection whose waits are bounded. Use its methods Call
+// and Close in place of waiting on the client directly.
+type Conn struct {
+	*amqp.Connection
+	ctx     context.Context
+	sock    net.Conn
+	timeout time.Duration
+	stop    func() bool
+}
+
+// Dial opens a connection to rawURL named name. The TCP connect and the
+// handshake, each write, each Call and Close are bounded by timeout; when
+// ctx ends, the socket is closed, which ends any call pending on it. Close
+// the Conn when done, even after ctx ended. Errors do not quote rawURL,
+// except the client's own URL parse errors: redact them.
+func Dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, context.Cause(ctx)
+	}
+	c := &Conn{ctx: ctx, timeout: timeout, stop: func() bool { return true }}
+	dial := func(network, addr string) (net.Conn, error) {
+		sock, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// The handshake's deadline: the client clears it once open.
+		if err := sock.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = sock.Close()
+			return nil, err
+		}
+		c.sock = WriteDeadline(sock, timeout)
+		c.stop = context.AfterFunc(ctx, func() { _ = sock.Close() })
+		return c.sock, nil
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	conn, err := amqp.DialConfig(rawURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: dial})
+	if err == nil && ctx.Err() != nil { // ctx ended as the handshake finished
+		_ = conn.CloseDeadline(time.Now())
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		c.stop()
+		if c.sock != nil {
+			_ = c.sock.Close()
+		}
+		if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
+		return nil, err
+	}
+	c.Connection = conn
+	return c, nil
+}
+
+// Call runs call, a synchronous method on a channel of c (it waits for the
+// broker's answer). If call has not returned within the timeout, or when
+// the context ends, the socket is closed and call returns amqp.ErrClosed:
+// the connection is unusable after that.
+func (c *Conn) Call(call func() error) error {
+	timer := time.AfterFunc(c.timeout, func() { _ = c.sock.Close() })
+	err := call()
+	timedOut := !timer.Stop()
+	cancelled := c.ctx.Err() != nil
+	if (timedOut || cancelled) && err == nil {
+		err = amqp.ErrClosed // it answered as the socket closed
+	}
+	switch {
+	case cancelled:
+		return fmt.Errorf("%w (connection closed): %w", context.Cause(c.ctx), err)
+	case timedOut:
+		return fmt.Errorf("no answer from the broker within %s (connection closed): %w", c.timeout, err)
+	}
+	return err
+}
+
+// Err says why c can no longer be used: the context's cause when it ended,
+// else amqp.ErrClosed when the connection closed, else nil.
+func (c *Conn) Err() error {
+	switch {
+	case c.ctx.Err() != nil:
+		return fmt.Errorf("%w (connection closed): %w", context.Cause(c.ctx), amqp.ErrClosed)
+	case c.IsClosed():
+		return amqp.ErrClosed
+	}
+	return nil
+}
+
+// Close closes the connection, waiting at most the timeout for the
+// broker's close-ok, then its socket, and stops watching the context. The
+// close deadline alone is not enough: the client extends the read deadline
+// on every frame, and a blocked broker still sends heartbeats.
+func (c *Conn) Close() error {
+	defer c.stop()
+	timer := time.AfterFunc(c.timeout, func() { _ = c.sock.Close() })
+	defer timer.Stop()
+	err := c.CloseDeadline(time.Now().Add(c.timeout))
+	_ = c.sock.Close()
+	return err
+}
+
+// WriteDeadline wraps c so that each write must end within timeout of its
+// start, or fail (and with it the AMQP connection).
+func WriteDeadline(c net.Conn, timeout time.Duration) net.Conn {
+	return &writeDeadlineConn{Conn: c, timeout: timeout}
+}
+
+// writeDeadlineConn gives every write a deadline.
+type writeDeadlineConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+func (c *writeDeadlineConn) Write(p []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(p)
+}
