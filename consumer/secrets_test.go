@@ -1,10 +1,8 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,30 +11,13 @@ import (
 
 	"github.com/idemkit/idem/internal/queuesource"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 )
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestBrokerPasswordNeverAppearsInLogsOrErrors(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
-	var logs syncBuffer
+	var logs testrun.LogBuffer
 	c, err := New(Config{
 		Name: "secrets", Pool: pool, Queue: "q",
 		AMQPURL:           "amqp://user:s3cr3t-pa55@127.0.0.1:1/",

@@ -81,18 +81,28 @@ func Dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*Con
 // the context ends, the socket is closed and call returns amqp.ErrClosed:
 // the connection is unusable after that.
 func (c *Conn) Call(call func() error) error {
-	timer := time.AfterFunc(c.timeout, func() { _ = c.sock.Close() })
+	return Bound(c.ctx, c.sock, c.timeout, call)
+}
+
+// Bound runs call, which waits for the broker's answer to a synchronous
+// method on the connection whose socket is sock. The client waits for such
+// an answer with neither a timer nor a context, so a broker that stops
+// answering, or a half-open socket, would hold the caller for good. Bound
+// closes sock when timeout passes or ctx ends first: the connection dies,
+// call returns amqp.ErrClosed, and the connection is unusable after that.
+func Bound(ctx context.Context, sock net.Conn, timeout time.Duration, call func() error) error {
+	timer := time.AfterFunc(timeout, func() { _ = sock.Close() })
+	stop := context.AfterFunc(ctx, func() { _ = sock.Close() })
 	err := call()
-	timedOut := !timer.Stop()
-	cancelled := c.ctx.Err() != nil
+	timedOut, cancelled := !timer.Stop(), !stop()
 	if (timedOut || cancelled) && err == nil {
 		err = amqp.ErrClosed // it answered as the socket closed
 	}
 	switch {
 	case cancelled:
-		return fmt.Errorf("%w (connection closed): %w", context.Cause(c.ctx), err)
+		return fmt.Errorf("%w (connection closed): %w", context.Cause(ctx), err)
 	case timedOut:
-		return fmt.Errorf("no answer from the broker within %s (connection closed): %w", c.timeout, err)
+		return fmt.Errorf("no answer from the broker within %s (connection closed): %w", timeout, err)
 	}
 	return err
 }

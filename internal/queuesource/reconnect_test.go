@@ -1,11 +1,9 @@
 package queuesource_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
 )
 
 // When the dead-letter queue refuses every dead letter (it is full, with
@@ -51,7 +50,7 @@ func TestRefusedDeadLettersBackOffAcrossSessionsAndAreNotCounted(t *testing.T) {
 		require.True(t, acked)
 	}
 
-	var logs syncBuffer
+	var logs testrun.LogBuffer
 	c, err := consumer.New(consumer.Config{
 		AMQPURL: testbroker.URL(), Name: "refused", Pool: pool, Queue: q, Tables: tables,
 		Topology: consumer.Existing, Workers: 2, ReconnectMaxDelay: 30 * time.Second,
@@ -84,22 +83,4 @@ func TestRefusedDeadLettersBackOffAcrossSessionsAndAreNotCounted(t *testing.T) {
 		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		return err == nil && info.Messages == poison
 	}, 10*time.Second, 50*time.Millisecond)
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

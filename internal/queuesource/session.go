@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/internal/amqpconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -133,7 +134,7 @@ func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connec
 		// blocks publishers on a memory or disk alarm, a half-open socket)
 		// fails the connection, and with it the session, instead of
 		// blocking a worker for good.
-		c = &writeDeadlineConn{Conn: c, timeout: src.cfg.CommitTimeout}
+		c = amqpconn.WriteDeadline(c, src.cfg.CommitTimeout)
 		if g != nil {
 			c = gated(c, g)
 		}
@@ -159,30 +160,13 @@ func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connec
 // dialTimeout bounds the TCP connect and the AMQP handshake.
 const dialTimeout = 10 * time.Second
 
-// brokerCall runs call, which waits for the broker's answer to a
-// synchronous method on the connection whose socket is sock (channel.open,
-// queue.declare, basic.qos, confirm.select, basic.consume, basic.cancel).
-// The client waits for such an answer with neither a timer nor a context,
-// so a broker that stops answering, or a half-open socket, would hold the
-// caller for good. brokerCall closes sock when CommitTimeout passes or ctx
-// ends first: the connection dies, and call returns amqp.ErrClosed. The
-// connection is unusable after that; every caller then ends its session.
+// brokerCall runs call, a synchronous method on the connection whose socket
+// is sock (channel.open, queue.declare, basic.qos, confirm.select,
+// basic.consume, basic.cancel), bounded by CommitTimeout and ctx (see
+// amqpconn.Bound). The connection is unusable after a call cut short;
+// every caller then ends its session.
 func (src *Source) brokerCall(ctx context.Context, sock net.Conn, call func() error) error {
-	limit := src.cfg.CommitTimeout
-	timer := time.AfterFunc(limit, func() { _ = sock.Close() })
-	stop := context.AfterFunc(ctx, func() { _ = sock.Close() })
-	err := call()
-	timedOut, cancelled := !timer.Stop(), !stop()
-	if (timedOut || cancelled) && err == nil {
-		err = amqp.ErrClosed // it answered as the socket closed
-	}
-	switch {
-	case timedOut:
-		return fmt.Errorf("no answer from the broker within %s (connection closed): %w", limit, err)
-	case cancelled:
-		return fmt.Errorf("%w (connection closed): %w", context.Cause(ctx), err)
-	}
-	return err
+	return amqpconn.Bound(ctx, sock, src.cfg.CommitTimeout, call)
 }
 
 func isAccessRefused(err error) bool {
@@ -403,17 +387,4 @@ func (p *publisher) dropStaleReturns() {
 			return
 		}
 	}
-}
-
-// writeDeadlineConn gives every write a deadline.
-type writeDeadlineConn struct {
-	net.Conn
-	timeout time.Duration
-}
-
-func (c *writeDeadlineConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.timeout)); err != nil {
-		return 0, err
-	}
-	return c.Conn.Write(p)
 }

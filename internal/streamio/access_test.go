@@ -1,16 +1,15 @@
 package streamio
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testrun"
 	"github.com/stretchr/testify/require"
 )
 
@@ -53,24 +52,6 @@ func TestOpenFailsAtTheFirstDialWhenTheBrokerRefusesAccess(t *testing.T) {
 	require.False(t, errors.Is(err, ErrAccessRefused), err.Error())
 }
 
-// syncBuffer is a concurrency-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Not parallel: it changes where the process's client logs go, and puts it
 // back before the parallel tests run.
 func TestClientLogsGoToTheLoggerOpenWasGiven(t *testing.T) {
@@ -82,7 +63,7 @@ func TestClientLogsGoToTheLoggerOpenWasGiven(t *testing.T) {
 	}()
 	pinned.Store(false)
 
-	var buf syncBuffer
+	var buf testrun.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -95,7 +76,7 @@ func TestClientLogsGoToTheLoggerOpenWasGiven(t *testing.T) {
 	require.NotContains(t, out, "wrong-s3cret")
 
 	// Pinned by RouteClientLogs, the target no longer follows Open.
-	var pinnedBuf syncBuffer
+	var pinnedBuf testrun.LogBuffer
 	RouteClientLogs(slog.New(slog.NewTextHandler(&pinnedBuf, nil)))
 	_, err = Open(ctx, Config{URI: withCredentials(t, "guest", "wrong-s3cret", ""), Logger: logger})
 	require.ErrorIs(t, err, ErrAccessRefused)

@@ -1,10 +1,11 @@
 // Package testrun holds what idem's own tests of the runtime share: running
 // a worker for the duration of a test, waiting for a condition with a
-// deadline, a quiet logger, and an effects table whose rows count how many
+// deadline, a quiet logger, a buffer to read logs from, and an effects table whose rows count how many
 // times each message's handler committed.
 package testrun
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -27,6 +28,27 @@ func Logger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// LogBuffer holds what a logger wrote, for a test to read; it is safe for
+// the logger's concurrent writes.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // Start runs run until the test ends or stop is called; stop cancels its
