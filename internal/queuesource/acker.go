@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // ackChannel is the part of *amqp.Channel the acker needs.
@@ -21,9 +22,14 @@ type ackChannel interface {
 // handed back (nacked at once, before any multiple ack that could span it)
 // or one left for redelivery (never started at shutdown, unroutable dead
 // letter) stays unsettled and bounds the multiple ack. When more than half
-// the prefetch window waits above an unsettled delivery, the oldest waiting
-// acks go out one by one until a quarter waits (a slow batch must not hold
-// the window); every waiting ack goes out at flush.
+// the prefetch window waits above an unsettled delivery that has not settled
+// for hold, the oldest waiting acks go out one by one until a quarter waits
+// (a slow batch must not hold the window); every waiting ack goes out at
+// flush. Within hold they keep waiting: the lowest unsettled delivery is
+// then usually a message that left its batch because another batch in
+// flight wrote its row, and it settles in its worker's next batch. Acking
+// one by one meanwhile would cost the broker a frame per message, for most
+// messages of a handler whose batches often touch the same rows.
 //
 // Both sets it keeps are bounded by the prefetch window: the broker stops
 // delivering when prefetch deliveries are unacked, and every tag in them is
@@ -46,19 +52,34 @@ type acker struct {
 	waiting map[uint64]struct{}
 	// maxWaiting is how many acks may wait above an unsettled tag.
 	maxWaiting int
+	// hold is how long more than maxWaiting acks may wait above the same
+	// lowest unsettled delivery, which became the lowest at lowSince;
+	// holdTimer sends them one by one when hold ends without a settle.
+	hold      time.Duration
+	lowSince  time.Time
+	holdTimer *time.Timer
 	// closing sends every ack at once, one by one: the session is ending
 	// and the deliveries blocking a multiple ack will never be settled.
 	closing bool
 }
 
+// ackHold is the acker's hold: a few batches' time, long enough for a
+// message that left its batch to settle in the next one, short enough
+// that a hung batch (until HandlerTimeout) holds half the window only
+// briefly, once.
+const ackHold = 250 * time.Millisecond
+
 func newAcker(ch ackChannel, prefetch int) *acker {
 	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, waiting: map[uint64]struct{}{},
-		low: 1, next: 1, maxWaiting: max(prefetch/2, 1)}
+		low: 1, next: 1, maxWaiting: max(prefetch/2, 1), hold: ackHold, lowSince: time.Now()}
 }
 
 // deliver registers a delivery, in the order the channel delivered them.
 func (a *acker) deliver(tag uint64) {
 	a.mu.Lock()
+	if len(a.unsettled) == 0 {
+		a.lowSince = time.Now() // the lowest unsettled delivery from now on
+	}
 	a.unsettled[tag] = struct{}{}
 	a.next = tag + 1
 	a.mu.Unlock()
@@ -84,11 +105,15 @@ func (a *acker) settle(acks, nacks []uint64) error {
 	if a.closing {
 		return a.ackEach()
 	}
+	low := a.low
 	for a.low < a.next {
 		if _, ok := a.unsettled[a.low]; ok {
 			break
 		}
 		a.low++
+	}
+	if a.low != low {
+		a.lowSince = time.Now()
 	}
 	var top uint64 // the highest waiting tag below every unsettled one
 	for tag := range a.waiting {
@@ -106,10 +131,33 @@ func (a *acker) settle(acks, nacks []uint64) error {
 			}
 		}
 	}
-	if len(a.waiting) > a.maxWaiting {
-		return a.ackOldest(len(a.waiting) - a.maxWaiting/2)
+	return a.unload()
+}
+
+// unload acks the oldest waiting tags one by one when more than maxWaiting
+// wait and the lowest unsettled delivery has not settled for hold; before
+// that, it arms holdTimer to do so then, unless a settle does it first.
+func (a *acker) unload() error {
+	if a.closing || len(a.waiting) <= a.maxWaiting {
+		return nil
 	}
-	return nil
+	if wait := a.hold - time.Since(a.lowSince); wait > 0 {
+		if a.holdTimer == nil {
+			a.holdTimer = time.AfterFunc(wait, a.holdEnded)
+		}
+		return nil
+	}
+	return a.ackOldest(len(a.waiting) - a.maxWaiting/2)
+}
+
+// holdEnded runs on holdTimer. An error means the channel failed: its close
+// notification ends the session, and the acks not sent stay counted in
+// unsent.
+func (a *acker) holdEnded() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.holdTimer = nil
+	_ = a.unload()
 }
 
 // ackOldest acks the n lowest waiting tags with a frame each. The rest
@@ -139,6 +187,10 @@ func (a *acker) flush() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closing = true
+	if a.holdTimer != nil {
+		a.holdTimer.Stop()
+		a.holdTimer = nil
+	}
 	return a.ackEach()
 }
 

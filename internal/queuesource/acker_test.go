@@ -141,6 +141,7 @@ func TestAckerFlushLeavesUnstartedDeliveriesUnacked(t *testing.T) {
 func TestAckerAcksOneByOneWhenASlowBatchHoldsTooMany(t *testing.T) {
 	b := newBrokerModel(10)
 	a := deliveredAcker(b, 8) // at most 4 acks wait
+	a.hold = 0                // tag 1 has been stuck long enough
 	if err := a.settle([]uint64{2, 3, 4, 5}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +169,42 @@ func TestAckerAcksOneByOneWhenASlowBatchHoldsTooMany(t *testing.T) {
 	if !b.acked[7] || len(b.outstanding) != 3 {
 		t.Fatalf("tag 7 not acked at once: outstanding %v", b.outstanding)
 	}
+}
+
+// A delivery that settles within the hold (a message that left its batch
+// and runs in its worker's next one) keeps the acks above it waiting for
+// one multiple ack instead of a frame each.
+func TestAckerLetsAcksWaitForADeliveryThatSettlesWithinTheHold(t *testing.T) {
+	b := newBrokerModel(10)
+	a := deliveredAcker(b, 8) // at most 4 acks wait
+	a.hold = time.Hour
+	require.NoError(t, a.settle([]uint64{2, 3, 4, 5, 6, 7}, nil))
+	require.Empty(t, b.frames, "over the limit, but tag 1 has not been stuck for the hold")
+	require.NoError(t, a.settle([]uint64{1}, nil))
+	require.Equal(t, []string{"ack 7 true"}, b.frames)
+}
+
+// Once the lowest delivery has not settled for the hold, the acks above it
+// go out one by one even when no batch settles anything more (every
+// worker waits for the window to open): a hung batch holds the window only
+// for the hold.
+func TestAckerAcksOneByOneWhenTheHoldEndsWithoutASettle(t *testing.T) {
+	b := newBrokerModel(10)
+	a := deliveredAcker(b, 8) // at most 4 acks wait
+	a.hold = 50 * time.Millisecond
+	require.NoError(t, a.settle([]uint64{2, 3, 4, 5, 6}, nil))
+	frames := func() []string {
+		a.mu.Lock() // the hold's timer calls Ack under it
+		defer a.mu.Unlock()
+		return slices.Clone(b.frames)
+	}
+	require.Empty(t, frames(), "within the hold")
+	require.Eventually(t, func() bool { return len(frames()) > 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{"ack 2 false", "ack 3 false", "ack 4 false"}, frames())
+	require.NoError(t, a.settle([]uint64{7}, nil))
+	require.Equal(t, []string{"ack 2 false", "ack 3 false", "ack 4 false"}, frames(),
+		"below the limit again: tag 7 waits for tag 1")
+	require.NoError(t, a.flush())
 }
 
 func TestAckerAcksAtOnceAfterFlush(t *testing.T) {
