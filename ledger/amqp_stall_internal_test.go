@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net"
-	"net/url"
 	"testing"
 	"time"
 
@@ -16,15 +15,13 @@ import (
 )
 
 // stalledOutbox returns an executor that reaches the broker through a
-// stall proxy, closed when the test ends; dial, when not nil, is its Dial.
-func stalledOutbox(t *testing.T, dial func(string) (*amqp.Connection, error)) (*AMQPExecutor, *stallProxy) {
+// proxy the test can stall, closed when the test ends; dial, when not nil,
+// is its Dial.
+func stalledOutbox(t *testing.T, dial func(string) (*amqp.Connection, error)) (*AMQPExecutor, *testbroker.Proxy) {
 	t.Helper()
 	testbroker.Dial(t) // skips, or fails under CI, without a broker
-	u, err := url.Parse(testbroker.URL())
-	require.NoError(t, err)
-	proxy := newStallProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	ex, err := NewAMQPExecutor(AMQPConfig{URL: u.String(), Dial: dial})
+	proxy := testbroker.NewProxy(t)
+	ex, err := NewAMQPExecutor(AMQPConfig{URL: proxy.URL(), Dial: dial})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, ex.Close()) })
 	t.Cleanup(proxy.Resume) // first: Close must not wait for a stalled broker
@@ -88,7 +85,7 @@ func TestOutboxCallsDoNotWaitBehindAStuckDial(t *testing.T) {
 		res, _ := ex.Execute(ctx, publishCall(t, "e1", "nowhere", []byte(`1`)))
 		first <- res
 	}()
-	require.Eventually(t, func() bool { return proxy.accepted.Load() == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return proxy.Accepted() == 1 }, 5*time.Second, time.Millisecond)
 
 	// A second call waits for that dial only until its own deadline.
 	res, err, took := executeWithin(t, ex, publishCall(t, "e2", "nowhere", []byte(`2`)), 300*time.Millisecond, 5*time.Second)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -51,7 +52,7 @@ func TestStalledDatabaseBoundsTheSweepAndMakesTheDispatcherNotReady(t *testing.T
 	direct, tables := testdb.Schema(t)
 	u, err := url.Parse(testdb.URL())
 	require.NoError(t, err)
-	proxy := newStallProxy(t, u.Host)
+	proxy := faultproxy.New(t, u.Host)
 	u.Host = proxy.Addr()
 	pool, err := pgxpool.New(context.Background(), u.String())
 	require.NoError(t, err)

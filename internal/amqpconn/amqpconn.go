@@ -94,7 +94,9 @@ func Bound(ctx context.Context, sock net.Conn, timeout time.Duration, call func(
 	timer := time.AfterFunc(timeout, func() { _ = sock.Close() })
 	stop := context.AfterFunc(ctx, func() { _ = sock.Close() })
 	err := call()
-	timedOut, cancelled := !timer.Stop(), !stop()
+	// ctx may have ended without stop's hook closing sock: another hook on
+	// ctx (Dial's) closed it first, and call returned before stop ran.
+	timedOut, cancelled := !timer.Stop(), !stop() || ctx.Err() != nil
 	if (timedOut || cancelled) && err == nil {
 		err = amqp.ErrClosed // it answered as the socket closed
 	}

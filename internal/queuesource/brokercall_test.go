@@ -2,140 +2,32 @@ package queuesource
 
 import (
 	"context"
-	"encoding/binary"
 	"log/slog"
-	"net"
-	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testbroker"
 )
 
-// AMQP methods after which a stallingProxy stops forwarding.
+// AMQP methods the broker sends after which its proxy goes deaf.
 const (
 	connectionClass, connectionOpenOK = 10, 41
 	basicClass, basicQosOK            = 60, 11
 )
 
-// stallingProxy forwards AMQP connections to the broker until the broker
-// sends the method (class, method), then stops forwarding what the client
-// sends: the broker never sees the client's next request, and the client
-// waits for an answer that never comes, as behind a half-open socket or a
-// broker that stopped answering. What the broker sends still flows,
-// heartbeats included, so the client's own heartbeat check ends nothing
-// (the broker's ends the connection only after about 20 s).
-type stallingProxy struct {
-	ln            net.Listener
-	target        string
-	class, method uint16
-	mu            sync.Mutex
-	conns         []net.Conn
-	wg            sync.WaitGroup
-}
-
-func newStallingProxy(t *testing.T, class, method uint16) *stallingProxy {
-	t.Helper()
-	u, err := url.Parse(testbroker.URL())
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &stallingProxy{ln: ln, target: u.Host, class: class, method: method}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// URL is the broker URL through the proxy.
-func (p *stallingProxy) URL() string {
-	u, _ := url.Parse(testbroker.URL())
-	u.Host = p.ln.Addr().String()
-	return u.String()
-}
-
-func (p *stallingProxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		var stalled atomic.Bool
-		p.wg.Go(func() { p.fromServer(client, server, &stalled) })
-		p.wg.Go(func() { p.fromClient(server, client, &stalled) })
-	}
-}
-
-// fromServer forwards the broker's frames, and sets stalled before it
-// forwards the awaited method, so that the client's next request is dropped.
-func (p *stallingProxy) fromServer(client, server net.Conn, stalled *atomic.Bool) {
-	defer client.Close()
-	defer server.Close()
-	var pending []byte // frames not yet parsed
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := server.Read(buf)
-		if !stalled.Load() {
-			pending = append(pending, buf[:n]...)
-			for len(pending) >= 7 && !stalled.Load() {
-				size := int(binary.BigEndian.Uint32(pending[3:7]))
-				if len(pending) < 8+size {
-					break
-				}
-				if pending[0] == 1 && size >= 4 && binary.BigEndian.Uint16(pending[7:9]) == p.class &&
-					binary.BigEndian.Uint16(pending[9:11]) == p.method {
-					stalled.Store(true)
-				}
-				pending = pending[8+size:]
-			}
-		}
-		if n > 0 {
-			if _, werr := client.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// fromClient forwards the client's bytes until stalled, then drops them.
-func (p *stallingProxy) fromClient(server, client net.Conn, stalled *atomic.Bool) {
-	defer client.Close()
-	defer server.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := client.Read(buf)
-		if n > 0 && !stalled.Load() {
-			if _, werr := server.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
+// deafBroker is a proxy to the broker that, once the broker sent the method
+// (class, method), drops what the client sends: the broker never sees the
+// client's next request, and the client waits for an answer that never
+// comes, as behind a half-open socket or a broker that stopped answering.
+// What the broker sends still flows, heartbeats included, so the client's
+// own heartbeat check ends nothing (the broker's ends the connection only
+// after about 20 s).
+func deafBroker(t *testing.T, class, method uint16) *testbroker.Proxy {
+	return testbroker.NewProxy(t, testbroker.DeafAtMethod(faultproxy.Target, class, method))
 }
 
 // testSource is a Source on queue q through url, without an engine: enough
@@ -175,7 +67,7 @@ func TestBrokerCallsEndWhenTheBrokerStopsAnswering(t *testing.T) {
 
 	t.Run("session setup", func(t *testing.T) {
 		t.Parallel()
-		p := newStallingProxy(t, connectionClass, connectionOpenOK) // channel.open hangs
+		p := deafBroker(t, connectionClass, connectionOpenOK) // channel.open hangs
 		src := testSource(t, p.URL(), testbroker.Queue(t), 300*time.Millisecond)
 		ctx := context.Background()
 		err := within(t, limit, "connect", func() error {
@@ -190,7 +82,7 @@ func TestBrokerCallsEndWhenTheBrokerStopsAnswering(t *testing.T) {
 
 	t.Run("declare ends with its context", func(t *testing.T) {
 		t.Parallel()
-		p := newStallingProxy(t, connectionClass, connectionOpenOK)
+		p := deafBroker(t, connectionClass, connectionOpenOK)
 		src := testSource(t, p.URL(), testbroker.Queue(t), time.Hour)
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
@@ -200,7 +92,7 @@ func TestBrokerCallsEndWhenTheBrokerStopsAnswering(t *testing.T) {
 
 	t.Run("consume", func(t *testing.T) {
 		t.Parallel()
-		p := newStallingProxy(t, basicClass, basicQosOK) // basic.consume hangs
+		p := deafBroker(t, basicClass, basicQosOK) // basic.consume hangs
 		src := testSource(t, p.URL(), testbroker.Queue(t), 300*time.Millisecond)
 		ctx := context.Background()
 		s, err := src.connect(ctx, ctx, 1)

@@ -102,6 +102,19 @@ func idsOf(msgs []Outgoing) []string {
 	return out
 }
 
+// requireConnectionLost requires Follow or Read, which returns on done, to
+// end with ErrConnectionLost within 10 seconds; stuck is the failure when
+// it does not return.
+func requireConnectionLost(tb testing.TB, done <-chan error, stuck string) {
+	tb.Helper()
+	select {
+	case err := <-done:
+		require.ErrorIs(tb, err, ErrConnectionLost)
+	case <-time.After(10 * time.Second):
+		tb.Fatal(stuck)
+	}
+}
+
 // proxyURI is URLFromEnv with the host replaced by the proxy's address.
 func proxyURI(tb testing.TB, p *testbroker.Proxy) string {
 	u, err := url.Parse(URLFromEnv())

@@ -284,12 +284,7 @@ func TestFollowReturnsErrorWhenSubscriptionDrops(t *testing.T) {
 	// Deleting the stream makes the broker end the subscription, as a lost
 	// connection or a moved leader does.
 	require.NoError(t, e.DeleteStream(ctx, name))
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrConnectionLost)
-	case <-ctx.Done():
-		t.Fatal("Follow did not return after its stream was deleted")
-	}
+	requireConnectionLost(t, done, "Follow did not return after its stream was deleted")
 }
 
 func TestFollowReturnsErrorWhenConnectionDrops(t *testing.T) {
@@ -313,12 +308,7 @@ func TestFollowReturnsErrorWhenConnectionDrops(t *testing.T) {
 	require.Eventually(t, func() bool { return len(c.snapshot()) == 3 }, 20*time.Second, 5*time.Millisecond)
 
 	p.Sever()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrConnectionLost)
-	case <-ctx.Done():
-		t.Fatal("Follow did not return after its connection dropped")
-	}
+	requireConnectionLost(t, done, "Follow did not return after its connection dropped")
 
 	// The caller's loop resumes after what it has: the same Env reconnects.
 	followCtx, stopFollow := context.WithCancel(ctx)
@@ -346,12 +336,7 @@ func TestCloseEndsRunningFollowAndLaterCalls(t *testing.T) {
 	require.Eventually(t, func() bool { return len(c.snapshot()) == 2 }, 20*time.Second, 5*time.Millisecond)
 
 	require.NoError(t, e.Close())
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrConnectionLost)
-	case <-ctx.Done():
-		t.Fatal("Follow did not return after Close")
-	}
+	requireConnectionLost(t, done, "Follow did not return after Close")
 	_, _, err = e.Tail(ctx, name)
 	require.ErrorIs(t, err, ErrClosed)
 }

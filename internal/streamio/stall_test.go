@@ -27,11 +27,18 @@ func closeUnreported(e *Env, nth int64) <-chan struct{} {
 	return closed
 }
 
-func TestFollowReturnsConnectionLostWhenItsConsumerClosesUnreported(t *testing.T) {
-	t.Parallel()
+// watchedStream opens an Env whose stall watchdog gives up on a silent
+// consumer after 200ms, and a new stream on it.
+func watchedStream(t *testing.T) (*Env, string) {
+	t.Helper()
 	e := openEnv(t)
 	e.stall = 200 * time.Millisecond
-	name := newStream(t, e)
+	return e, newStream(t, e)
+}
+
+func TestFollowReturnsConnectionLostWhenItsConsumerClosesUnreported(t *testing.T) {
+	t.Parallel()
+	e, name := watchedStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, e.Publish(ctx, name, messages("m", 3)))
@@ -47,19 +54,12 @@ func TestFollowReturnsConnectionLostWhenItsConsumerClosesUnreported(t *testing.T
 		t.Fatal("Follow did not subscribe")
 	}
 	require.NoError(t, e.Publish(ctx, name, messages("n", 3)))
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrConnectionLost)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Follow still waits on a consumer that closed unreported")
-	}
+	requireConnectionLost(t, done, "Follow still waits on a consumer that closed unreported")
 }
 
 func TestReadReturnsConnectionLostWhenItsConsumerClosesUnreported(t *testing.T) {
 	t.Parallel()
-	e := openEnv(t)
-	e.stall = 200 * time.Millisecond
-	name := newStream(t, e)
+	e, name := watchedStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, p := range []string{"a", "b", "c"} { // a chunk each
@@ -73,12 +73,7 @@ func TestReadReturnsConnectionLostWhenItsConsumerClosesUnreported(t *testing.T) 
 	go func() {
 		done <- e.Read(ctx, ReadSpec{Stream: name, MaxBatch: 1}, func(context.Context, []Record) error { return nil })
 	}()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrConnectionLost)
-	case <-time.After(10 * time.Second):
-		t.Fatal("Read still waits on a consumer that closed unreported")
-	}
+	requireConnectionLost(t, done, "Read still waits on a consumer that closed unreported")
 }
 
 func TestTailFindsRecordsWhenItsProbeClosesUnreported(t *testing.T) {

@@ -1,19 +1,19 @@
 // Package testbroker gives idem's own tests a real RabbitMQ: the URL, a
 // connection closed at the end of the test, uniquely named queues, and a TCP
-// proxy that a test can sever to simulate a dropped connection without
-// touching other tests running in parallel.
+// proxy that a test can sever or stall to simulate a dropped connection or a
+// broker that stopped answering, without touching other tests running in
+// parallel.
 package testbroker
 
 import (
-	"net"
 	"net/url"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -74,104 +74,33 @@ func Queue(tb testing.TB) string {
 	return name
 }
 
-// Proxy forwards TCP connections to the broker. Sever closes every
-// connection that passed through it so far, the way a network failure or
-// `rabbitmqctl close_all_connections` would, but only for this test.
+// Proxy forwards TCP connections to the broker and can fail them for one
+// test: see faultproxy.Proxy for Sever, Stall, StallOpen, Resume and Stalled.
 type Proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	wg     sync.WaitGroup
+	*faultproxy.Proxy
 }
 
 // NewProxy starts a proxy in front of the broker's AMQP port and returns
 // it; the proxy stops when the test ends. Use its URL in place of URL().
-func NewProxy(tb testing.TB) *Proxy {
+func NewProxy(tb testing.TB, opts ...faultproxy.Option) *Proxy {
 	tb.Helper()
 	u, err := url.Parse(URL())
 	if err != nil {
 		tb.Fatalf("testbroker: parse url: %v", err)
 	}
-	return NewProxyTo(tb, u.Host)
+	return NewProxyTo(tb, u.Host, opts...)
 }
 
 // NewProxyTo starts a proxy in front of target (host:port), such as the
 // broker's stream port; the proxy stops when the test ends. Connect to Addr.
-func NewProxyTo(tb testing.TB, target string) *Proxy {
+func NewProxyTo(tb testing.TB, target string, opts ...faultproxy.Option) *Proxy {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("testbroker: listen: %v", err)
-	}
-	p := &Proxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.accept()
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		p.Sever()
-		p.wg.Wait()
-	})
-	return p
+	return &Proxy{faultproxy.New(tb, target, opts...)}
 }
-
-// Addr is the proxy's address (host:port).
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // URL is the broker URL with the host replaced by the proxy's address.
 func (p *Proxy) URL() string {
 	u, _ := url.Parse(URL())
-	u.Host = p.ln.Addr().String()
+	u.Host = p.Addr()
 	return u.String()
-}
-
-// Sever closes every proxied connection open now. New connections are
-// accepted again right away.
-func (p *Proxy) Sever() {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	for _, c := range conns {
-		_ = c.Close()
-	}
-}
-
-func (p *Proxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, client, server)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(client, server)
-		go p.pipe(server, client)
-	}
-}
-
-func (p *Proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
 }
