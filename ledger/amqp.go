@@ -93,8 +93,9 @@ func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
 // consumers deduplicate on it.
 func (e *AMQPExecutor) DeduplicatesByKey() bool { return true }
 
-// Close closes the connection, waiting at most 5 seconds for the broker's
-// answer. Publishes in progress end as unknown; a dial in progress closes
+// Close closes the connection, waiting 5 seconds for the broker's answer
+// (a broker that stopped reading but still sends heartbeats holds it until
+// the client's next heartbeat write times out, a few seconds more). Publishes in progress end as unknown; a dial in progress closes
 // its connection when it ends.
 func (e *AMQPExecutor) Close() error {
 	e.mu.Lock()

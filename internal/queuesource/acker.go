@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,12 +62,14 @@ type acker struct {
 	// closing sends every ack at once, one by one: the session is ending
 	// and the deliveries blocking a multiple ack will never be settled.
 	closing bool
+	// sent reports that an ack frame went out on the channel.
+	sent atomic.Bool
 }
 
 // ackHold is the acker's hold: a few batches' time, long enough for a
 // message that left its batch to settle in the next one, short enough
-// that a hung batch (until HandlerTimeout) holds half the window only
-// briefly, once.
+// that a hung batch (until HandlerTimeout) can fill the window and idle
+// every worker only briefly.
 const ackHold = 250 * time.Millisecond
 
 func newAcker(ch ackChannel, prefetch int) *acker {
@@ -125,6 +128,7 @@ func (a *acker) settle(acks, nacks []uint64) error {
 		if err := a.ch.Ack(top, true); err != nil {
 			return fmt.Errorf("ack up to %d: %w", top, err)
 		}
+		a.sent.Store(true)
 		for tag := range a.waiting {
 			if tag <= top {
 				delete(a.waiting, tag)
@@ -175,6 +179,7 @@ func (a *acker) ackOldest(n int) error {
 			return fmt.Errorf("ack %d: %w", tag, err)
 		}
 		delete(a.waiting, tag)
+		a.sent.Store(true)
 	}
 	return nil
 }
@@ -208,6 +213,7 @@ func (a *acker) ackEach() error {
 			return fmt.Errorf("ack %d: %w", tag, err)
 		}
 		delete(a.waiting, tag)
+		a.sent.Store(true)
 	}
 	return nil
 }

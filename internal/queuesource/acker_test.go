@@ -235,6 +235,7 @@ func TestAckerKeepsNoStateForSettledTags(t *testing.T) {
 	const n = 10000
 	b := newBrokerModel(n)
 	a := newAcker(b, 100)
+	a.hold = 0   // stuck for longer than the hold
 	a.deliver(1) // stuck in a batch
 	for tag := uint64(2); tag <= n; tag++ {
 		a.deliver(tag)

@@ -176,6 +176,9 @@ func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery, sig 
 					return closedWhy(sig)
 				}
 				if !r.route(ctx, d) {
+					if !s.alive() {
+						return fmt.Errorf("session ended: %w", s.why)
+					}
 					return nil
 				}
 				if n == routeBurst || ctx.Err() != nil || !s.alive() {

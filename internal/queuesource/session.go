@@ -37,9 +37,6 @@ type session struct {
 	why     error           // why the session was killed; set before dead closes
 	ctx     context.Context // the batches' context: ends when the session dies
 	cancel  context.CancelCauseFunc
-	// acked reports that the broker took acks from this session (see
-	// worked: Run's reconnect backoff may start over after it).
-	acked atomic.Bool
 }
 
 // errSessionDied is the cause of a dead session's context.
@@ -65,7 +62,7 @@ func (s *session) worked(lived time.Duration) bool {
 	if lived >= steadySession {
 		return true
 	}
-	return s.acked.Load() && !errors.Is(s.why, errNotStored)
+	return s.acks != nil && s.acks.sent.Load() && !errors.Is(s.why, errNotStored)
 }
 
 // kill ends the session for the reason why (the first reason wins): its

@@ -170,9 +170,6 @@ func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, store
 		return
 	}
 	err := s.acks.settle(acks, nacks)
-	if err == nil && len(acks) > 0 {
-		s.acked.Store(true)
-	}
 	if err == nil && notStored {
 		// The session ends: no ack may wait for the tags left unacked,
 		// this batch's or, from now on, another worker's.
