@@ -1,11 +1,9 @@
 package ledger_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/health"
+	"github.com/idemkit/idem/internal/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -66,24 +65,6 @@ func TestDispatcherWithoutItsDatabaseIsLiveButNotReady(t *testing.T) {
 	require.Contains(t, s.Reason, "not listening for notifications")
 }
 
-// lockedBuffer is a concurrency-safe log sink.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestDispatcherWarnsWhenAnEffectNeedsAnOperator(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -94,7 +75,7 @@ func TestDispatcherWarnsWhenAnEffectNeedsAnOperator(t *testing.T) {
 	answer := func(s ledger.Status, err error) ledger.Executor {
 		return funcExecutor{fn: func(context.Context, ledger.Call) (ledger.Result, error) { return ledger.Result{Status: s}, err }}
 	}
-	var logs lockedBuffer
+	var logs testrun.LogBuffer
 	f.dispatch(t, ledger.DispatcherConfig{
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Executors: map[string]ledger.Executor{
