@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/internal/amqpconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -173,37 +173,9 @@ func dial(ctx context.Context, cfg AMQPConfig) (*amqp.Connection, error) {
 			return nil, fmt.Errorf("dial: %w", context.Cause(ctx))
 		}
 	}
-	var (
-		raw  net.Conn
-		stop = func() bool { return true }
-	)
-	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		d := net.Dialer{Timeout: amqpDialTimeout}
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		// For the handshake; the client clears it once the connection is open.
-		deadline := time.Now().Add(amqpDialTimeout)
-		if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-			deadline = dl
-		}
-		if err := c.SetDeadline(deadline); err != nil {
-			_ = c.Close()
-			return nil, err
-		}
-		raw, stop = c, context.AfterFunc(ctx, func() { _ = c.Close() })
-		return c, nil
-	}})
-	if !stop() {
-		// ctx ended during the handshake: the socket is closed.
-		return nil, fmt.Errorf("dial: %w", context.Cause(ctx))
-	}
+	conn, _, err := amqpconn.DialWithin(ctx, cfg.URL, amqp.Config{}, amqpDialTimeout, nil)
 	if err != nil {
-		if raw != nil {
-			_ = raw.Close()
-		}
-		return nil, err
+		return nil, fmt.Errorf("dial: %w", err)
 	}
 	return conn, nil
 }

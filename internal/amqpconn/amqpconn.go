@@ -1,5 +1,8 @@
-// Package amqpconn bounds the waits that the AMQP client leaves open, for
-// the short-lived connections of idem's operator tools.
+// Package amqpconn bounds the waits that the AMQP client leaves open: the
+// dial and handshake (DialWithin, for every AMQP connection idem dials), each
+// synchronous call (Bound), each write (WriteDeadline), and, for the
+// short-lived connections of idem's operator tools, all of them at once
+// (Dial and Conn).
 //
 // amqp091 clears the dial deadline once the handshake is done, so a write to
 // a broker that stopped reading (RabbitMQ blocks publishing connections on a
@@ -37,43 +40,61 @@ type Conn struct {
 // the Conn when done, even after ctx ended. Errors do not quote rawURL,
 // except the client's own URL parse errors: redact them.
 func Dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*Conn, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, context.Cause(ctx)
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	conn, sock, err := DialWithin(ctx, rawURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, timeout,
+		func(c net.Conn) net.Conn { return WriteDeadline(c, timeout) })
+	if err != nil {
+		return nil, err
 	}
-	c := &Conn{ctx: ctx, timeout: timeout, stop: func() bool { return true }}
-	dial := func(network, addr string) (net.Conn, error) {
-		sock, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
+	c := &Conn{Connection: conn, ctx: ctx, sock: sock, timeout: timeout}
+	c.stop = context.AfterFunc(ctx, func() { _ = sock.Close() })
+	return c, nil
+}
+
+// DialWithin opens a connection to rawURL with cfg (its Dial is replaced).
+// The TCP connect and the handshake are bounded by timeout, and end early
+// when ctx does: the socket is closed, and the error wraps ctx's cause.
+// Once DialWithin returns, ctx no longer concerns the connection. wrap, when
+// set, wraps the socket the client is given; that socket is returned too,
+// for closing it is how a caller ends a call that hangs (see Bound).
+func DialWithin(ctx context.Context, rawURL string, cfg amqp.Config, timeout time.Duration, wrap func(net.Conn) net.Conn) (*amqp.Connection, net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, context.Cause(ctx)
+	}
+	var sock net.Conn
+	stop := func() bool { return true }
+	cfg.Dial = func(network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{Timeout: timeout}).DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
 		// The handshake's deadline: the client clears it once open.
-		if err := sock.SetDeadline(time.Now().Add(timeout)); err != nil {
-			_ = sock.Close()
+		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
+			_ = c.Close()
 			return nil, err
 		}
-		c.sock = WriteDeadline(sock, timeout)
-		c.stop = context.AfterFunc(ctx, func() { _ = sock.Close() })
-		return c.sock, nil
+		if wrap != nil {
+			c = wrap(c)
+		}
+		sock, stop = c, context.AfterFunc(ctx, func() { _ = c.Close() })
+		return c, nil
 	}
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(name)
-	conn, err := amqp.DialConfig(rawURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: dial})
-	if err == nil && ctx.Err() != nil { // ctx ended as the handshake finished
+	conn, err := amqp.DialConfig(rawURL, cfg)
+	if !stop() && err == nil { // ctx ended as the handshake finished
 		_ = conn.CloseDeadline(time.Now())
 		err = context.Cause(ctx)
 	}
 	if err != nil {
-		c.stop()
-		if c.sock != nil {
-			_ = c.sock.Close()
+		if sock != nil {
+			_ = sock.Close()
 		}
 		if ctx.Err() != nil && !errors.Is(err, context.Cause(ctx)) {
 			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
-	c.Connection = conn
-	return c, nil
+	return conn, sock, nil
 }
 
 // Call runs call, a synchronous method on a channel of c (it waits for the

@@ -119,31 +119,18 @@ func RedactURL(raw string) string {
 func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connection, net.Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	plain := amqp.DefaultDial(dialTimeout) // and a deadline on the handshake
-	var sock net.Conn
-	stop := func() bool { return true }
-	dial := func(network, addr string) (net.Conn, error) {
-		c, err := plain(network, addr)
-		if err != nil {
-			return nil, err
-		}
-		// A write that cannot go out within CommitTimeout (the broker
-		// blocks publishers on a memory or disk alarm, a half-open socket)
-		// fails the connection, and with it the session, instead of
-		// blocking a worker for good.
-		c = amqpconn.WriteDeadline(c, src.cfg.CommitTimeout)
-		if g != nil {
-			c = gated(c, g)
-		}
-		sock = c
-		stop = context.AfterFunc(ctx, func() { _ = c.Close() })
-		return c, nil
-	}
-	conn, err := amqp.DialConfig(src.cfg.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second, Dial: dial})
-	if !stop() && err == nil { // ctx ended as the handshake finished
-		_ = conn.Close()
-		err = context.Cause(ctx)
-	}
+	conn, sock, err := amqpconn.DialWithin(ctx, src.cfg.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
+		func(c net.Conn) net.Conn {
+			// A write that cannot go out within CommitTimeout (the broker
+			// blocks publishers on a memory or disk alarm, a half-open
+			// socket) fails the connection, and with it the session,
+			// instead of blocking a worker for good.
+			c = amqpconn.WriteDeadline(c, src.cfg.CommitTimeout)
+			if g != nil {
+				c = gated(c, g)
+			}
+			return c
+		})
 	if err != nil {
 		err = fmt.Errorf("dial %s: %w", RedactURL(src.cfg.AMQPURL), err)
 		if isAccessRefused(err) { // credentials, vhost access, SASL: all access-refused
