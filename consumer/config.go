@@ -158,7 +158,10 @@ type Config struct {
 	// QueueType is the x-queue-type the queue is declared with. Default: "quorum".
 	QueueType string
 
-	// ReconnectMaxDelay caps the exponential backoff between reconnects. Default: 30s.
+	// ReconnectMaxDelay caps the exponential backoff between reconnects
+	// (a queue's broker sessions, a stream reader's restarts). The backoff
+	// starts again from its first delay after a session that worked: one
+	// that settled messages, or lasted a minute. Default: 30s.
 	ReconnectMaxDelay time.Duration
 
 	// RetryBaseDelay is the delay before the first retry of a failed message;

@@ -97,15 +97,15 @@ func (r *reader) run(ctx context.Context) error {
 		}
 		if err == nil {
 			log.Info("active stream reader")
-			committed := eng.Counts.Batches.Load()
+			committed, started := eng.Counts.Batches.Load(), time.Now()
 			err = r.follow(ctx, work, lock)
 			_ = lock.Release(context.WithoutCancel(ctx))
 			if ctx.Err() != nil {
 				log.Info("stream reader stopped: shutdown")
 				return nil
 			}
-			if eng.Counts.Batches.Load() > committed {
-				failures = 0 // the session worked: back off from scratch
+			if sessionWorked(eng.Counts.Batches.Load() > committed, time.Since(started)) {
+				failures = 0 // back off from scratch
 			}
 		}
 		vitals.Connected.Store(false)
@@ -123,6 +123,14 @@ func (r *reader) run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// sessionWorked reports whether a reading session did some good: it
+// committed a batch, or it lasted retry.Steady (a quiet stream). The restart
+// after it then waits as after a first failure; after a session that did
+// neither, the delay keeps doubling towards ReconnectMaxDelay.
+func sessionWorked(committed bool, lived time.Duration) bool {
+	return committed || lived >= retry.Steady
 }
 
 // follow reads from after the checkpoint until ctx ends, the lock is lost,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/retry"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -44,22 +45,17 @@ var errSessionDied = errors.New("queuesource: broker session died")
 
 // errNotStored ends a session whose retry or dead-letter copies the broker
 // did not store (returned as unroutable, or refused with a nack): such a
-// session counts as one that worked only if it lasted steadySession,
+// session counts as one that worked only if it lasted retry.Steady,
 // whatever it acked, so that reconnecting into the same refusal backs off.
 var errNotStored = errors.New("broker did not store retries or dead letters")
 
-// steadySession is how long a session must last to count as one that
-// worked even though it acked nothing (an idle queue): Run then reconnects
-// after it as after a first failure.
-const steadySession = time.Minute
-
 // worked reports whether the session, which lasted lived, did some good:
-// it lasted steadySession, or the broker took acks from it and it did not
+// it lasted retry.Steady, or the broker took acks from it and it did not
 // end because the broker would not store its retries or dead letters. A
 // session that did not work makes Run back off further before it
 // reconnects. Call it once the session is closed.
 func (s *session) worked(lived time.Duration) bool {
-	if lived >= steadySession {
+	if lived >= retry.Steady {
 		return true
 	}
 	return s.acks != nil && s.acks.sent.Load() && !errors.Is(s.why, errNotStored)

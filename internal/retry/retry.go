@@ -10,6 +10,12 @@ import (
 	"time"
 )
 
+// Steady is how long a connection or session must last to count as one
+// that worked even though it did nothing (an idle queue or stream): the
+// reconnect after it waits as after a first failure, not as after the
+// failures before it.
+const Steady = time.Minute
+
 // Backoff returns the delay before attempt n (1-based): base doubled n-1
 // times, capped at limit, with "equal jitter" (half fixed, half random), so
 // that the retries of a burst spread out but never come back early.
