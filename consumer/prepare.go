@@ -34,7 +34,6 @@ func (c *Consumer) prepare(raw *engine.Raw) *engine.Item {
 	}
 	it := &engine.Item{Msg: m, Source: m.Source, Offset: m.Offset, HasOffset: m.HasOffset, Exchange: m.Exchange,
 		RoutingKey: m.RoutingKey, Headers: m.Headers, ConversationID: m.CorrelationID, Body: m.Body, Attempt: m.Attempt}
-	c.tel.Consumed(context.Background(), 1)
 	it.Reject = c.derive(m, raw.MessageID)
 	it.ID, it.Hash, it.BusinessKey = m.ID, m.Hash, m.BusinessKey
 	if it.Reject != nil && it.ID == "" && raw.MessageID != "" {
@@ -44,16 +43,22 @@ func (c *Consumer) prepare(raw *engine.Raw) *engine.Item {
 	return it
 }
 
-// prepareAll prepares a batch (in parallel when it is large).
+// prepareAll counts and prepares a batch (in parallel when it is large).
+// A queue source counts its deliveries itself, a burst at a time.
 func (c *Consumer) prepareAll(raws []engine.Raw) []*engine.Item {
+	c.tel.Consumed(context.Background(), len(raws))
 	return engine.PrepareAll(raws, c.prepare)
 }
 
 // derive fills m's hash, id and business key, or says why it cannot be
 // processed.
 func (c *Consumer) derive(m *Message, rawID string) *engine.Reject {
-	reject := func(reason string, err error) *engine.Reject { return &engine.Reject{Reason: reason, Err: err} }
-	m.Hash = idem.HashBytes(m.Body) // replaced by Config.Hash below when the message is accepted
+	reject := func(reason string, err error) *engine.Reject {
+		if m.Hash.IsZero() { // rejected before Config.Hash could hash it
+			m.Hash = idem.HashBytes(m.Body)
+		}
+		return &engine.Reject{Reason: reason, Err: err}
+	}
 	switch {
 	case len(m.Body) > c.cfg.MaxMessageBytes:
 		c.tel.Limit("message_bytes")

@@ -168,29 +168,38 @@ func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery, sig 
 		case <-s.dead:
 			return fmt.Errorf("session ended: %w", s.why)
 		case d, ok := <-deliveries:
-			// Route this delivery and up to a burst of those already
-			// buffered behind it with cheap non-blocking receives; the
-			// select over every signal above waits for the next one.
-			for n := 0; ; n++ {
-				if !ok {
-					return closedWhy(sig)
-				}
-				if !r.route(ctx, d) {
-					if !s.alive() {
-						return fmt.Errorf("session ended: %w", s.why)
-					}
-					return nil
-				}
-				if n == routeBurst || ctx.Err() != nil || !s.alive() {
-					break // look at the other signals again
-				}
-				select {
-				case d, ok = <-deliveries:
-					continue
-				default:
-				}
-				break // nothing buffered: wait in the select above
+			routed, stop, err := r.burst(ctx, d, ok, deliveries, sig)
+			r.src.eng.Telemetry().Consumed(context.Background(), routed)
+			if stop {
+				return err
 			}
+		}
+	}
+}
+
+// burst routes d and up to routeBurst deliveries already buffered behind it,
+// taken with cheap non-blocking receives (the select in loop waits for the
+// next one), and returns how many it routed; stop ends the loop with err.
+func (r *router) burst(ctx context.Context, d amqp.Delivery, ok bool, deliveries <-chan amqp.Delivery, sig signals) (routed int, stop bool, err error) {
+	s := r.s
+	for {
+		if !ok {
+			return routed, true, closedWhy(sig)
+		}
+		routed++
+		if !r.route(ctx, d) {
+			if !s.alive() {
+				return routed, true, fmt.Errorf("session ended: %w", s.why)
+			}
+			return routed, true, nil
+		}
+		if routed > routeBurst || ctx.Err() != nil || !s.alive() {
+			return routed, false, nil // look at the other signals again
+		}
+		select {
+		case d, ok = <-deliveries:
+		default:
+			return routed, false, nil
 		}
 	}
 }
