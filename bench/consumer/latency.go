@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -23,15 +22,23 @@ const warmup = 50
 // latencyResult is the outcome of the latency run.
 type latencyResult struct {
 	offered  int           // msg/s
-	duration time.Duration // of publishing
+	duration time.Duration // of publishing to idem
 	sent     int
 	commit   percentiles // publish → COMMIT returned
 	received percentiles // publish → the runtime took the delivery (Message.ReceivedAt)
 	own      percentiles // Message.ReceivedAt → COMMIT returned: idem's own part
 	batches  int64
-	// broker is the baseline measured just before, at the same rate: a
-	// plain consumer of a quorum queue, publish → delivery, no database.
+	// broker is the baseline, measured in segments that alternate with
+	// idem's, at the same rate: a plain consumer of a quorum queue,
+	// publish → delivery, no database.
 	broker percentiles
+	// naive is the second baseline, in the same segments: the naive
+	// consumer (a transaction per message), publish → COMMIT returned.
+	naive percentiles
+	// ratios are, segment by segment, idem's p99 publish → commit over the
+	// broker alone's p99 of the same round; naiveRatios the naive
+	// consumer's.
+	ratios, naiveRatios []float64
 }
 
 type percentiles struct{ p50, p90, p99, max time.Duration }
@@ -114,12 +121,18 @@ func (k *commitClock) TraceQueryEnd(_ context.Context, conn *pgx.Conn, data pgx.
 	}
 }
 
-// latency offers o.latencyRate msg/s to an idem consumer for
-// o.latencySeconds and measures, per message, publish → received by the runtime and
-// publish → COMMIT returned to the consumer.
+// latency offers o.latencyRate msg/s to an idem consumer and, as the
+// baselines, to a plain consumer and to the naive consumer of other quorum
+// queues, in o.latencyRounds rounds of segments that alternate (broker
+// alone, naive, idem), so that a drift or a stall of the machine lands in
+// all alike. Each consumer gets o.latencySeconds in all. Per message it
+// measures publish → delivery (broker alone), publish → COMMIT returned
+// (naive), and publish → received by the runtime and publish → COMMIT
+// returned to the consumer (idem).
 func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	res := latencyResult{offered: b.o.latencyRate}
 	total := b.o.latencyRate * b.o.latencySeconds
+	rounds := max(min(b.o.latencyRounds, total), 1)
 	clock := newCommitClock(total)
 	cfg, err := pgxpool.ParseConfig(b.o.pgURL)
 	if err != nil {
@@ -139,9 +152,16 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 		b.logf("latency: CHECKPOINT failed (%v); measuring anyway", err)
 	}
 
-	if res.broker, err = b.brokerLatency(ctx); err != nil {
+	alone, err := b.startBaseline(ctx, "latency-broker", total, nil)
+	if err != nil {
 		return res, fmt.Errorf("broker baseline: %w", err)
 	}
+	defer alone.close()
+	naive, err := b.startBaseline(ctx, "latency-naive", total, b.naiveTx)
+	if err != nil {
+		return res, fmt.Errorf("naive baseline: %w", err)
+	}
+	defer naive.close()
 
 	q := b.queue("latency")
 	c, _, err := b.newIdem(q, "bench-latency", true, false, pool)
@@ -195,124 +215,210 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 
 	before := c.Stats().Batches
-	start := time.Now()
-	err = b.offer(ctx, total, func(i int) error {
-		now := time.Now()
-		clock.sent[i] = now.Sub(clock.base)
-		return send(i, now)
-	})
-	if err != nil {
-		return res, err
-	}
-	res.duration, res.sent = time.Since(start), total
-	if err := waitConfirms(ctx, pending); err != nil {
-		return res, err
-	}
-	if err := r.wait(ctx, warmup+total, time.Minute); err != nil {
-		return res, err
-	}
-	res.batches = c.Stats().Batches - before
-
+	broker := make([]time.Duration, 0, total)
+	naiveCommit := make([]time.Duration, 0, total)
 	commit := make([]time.Duration, 0, total)
 	received := make([]time.Duration, 0, total)
 	own := make([]time.Duration, 0, total)
-	for i := range total {
-		r, k := clock.receivedAt[i].Load(), clock.commitAt[i].Load()
-		if r == 0 || k == 0 {
-			return res, fmt.Errorf("message %d committed without a recorded receive or commit time", i)
+	for p := range rounds {
+		from, to := p*total/rounds, (p+1)*total/rounds
+		delivered, err := alone.segment(ctx, from, to)
+		if err != nil {
+			return res, fmt.Errorf("broker baseline: %w", err)
 		}
-		received = append(received, time.Duration(r)-clock.sent[i])
-		commit = append(commit, time.Duration(k)-clock.sent[i])
-		own = append(own, time.Duration(k-r))
+		broker = append(broker, delivered...)
+		committed, err := naive.segment(ctx, from, to)
+		if err != nil {
+			return res, fmt.Errorf("naive baseline: %w", err)
+		}
+		naiveCommit = append(naiveCommit, committed...)
+
+		start := time.Now()
+		err = b.offer(ctx, to-from, func(i int) error {
+			now := time.Now()
+			clock.sent[from+i] = now.Sub(clock.base)
+			return send(from+i, now)
+		})
+		if err != nil {
+			return res, err
+		}
+		res.duration += time.Since(start)
+		if err := waitConfirms(ctx, pending); err != nil {
+			return res, err
+		}
+		pending = pending[:0]
+		if err := r.wait(ctx, warmup+to, time.Minute); err != nil {
+			return res, err
+		}
+		segment := make([]time.Duration, 0, to-from)
+		for i := from; i < to; i++ {
+			got, done := clock.receivedAt[i].Load(), clock.commitAt[i].Load()
+			if got == 0 || done == 0 {
+				return res, fmt.Errorf("message %d committed without a recorded receive or commit time", i)
+			}
+			received = append(received, time.Duration(got)-clock.sent[i])
+			segment = append(segment, time.Duration(done)-clock.sent[i])
+			own = append(own, time.Duration(done-got))
+		}
+		commit = append(commit, segment...)
+		aloneP99 := float64(percentilesOf(delivered).p99)
+		res.ratios = append(res.ratios, float64(percentilesOf(segment).p99)/aloneP99)
+		res.naiveRatios = append(res.naiveRatios, float64(percentilesOf(committed).p99)/aloneP99)
 	}
-	res.commit, res.received, res.own = percentilesOf(commit), percentilesOf(received), percentilesOf(own)
+	res.sent, res.batches = total, c.Stats().Batches-before
+	res.broker, res.naive, res.commit = percentilesOf(broker), percentilesOf(naiveCommit), percentilesOf(commit)
+	res.received, res.own = percentilesOf(received), percentilesOf(own)
 	return res, nil
 }
 
-// brokerLatency is the latency run's baseline: the same schedule of
-// persistent messages (warm-up, then o.latencyRate msg/s for
-// o.latencySeconds, publisher confirms) to a fresh quorum queue, consumed by
-// a plain consumer that acks each delivery; per message, publish →
-// delivery. What the broker and the machine cost before idem does anything.
-func (b *bench) brokerLatency(ctx context.Context) (percentiles, error) {
-	q := b.queue("latency-broker")
-	if err := b.declareQuorum(q); err != nil {
-		return percentiles{}, err
+// baseline is one of the latency run's baselines: a consumer of a fresh
+// quorum queue, without idem, fed the same schedule of persistent messages
+// as idem (publisher confirms), that stamps each message when it is done
+// with it, then acks it. The broker alone is done on delivery: what the
+// broker and the machine cost before any consumer work. The naive consumer
+// is done when its transaction (BEGIN; INSERT dedup; UPDATE; COMMIT)
+// committed: what one transaction per message costs without idem.
+type baseline struct {
+	b    *bench
+	name string
+	q    string
+	// work is the consumer's work on a delivery; nil for the broker alone.
+	work   func(ctx context.Context, d *amqp.Delivery) error
+	conn   *amqp.Connection
+	ch     *amqp.Channel
+	base   time.Time
+	sent   []time.Duration // by sequence number; written by the publisher only
+	done   []atomic.Int64  // nanoseconds since base; written by the consumer
+	got    atomic.Int64    // messages done so far, warm-up included
+	ids    atomic.Int64    // messages published
+	failed chan error      // the consumer's end, if it failed
+}
+
+// startBaseline declares the queue, starts its consumer (doing work on
+// each delivery, if not nil) and sends the warm-up messages through it.
+func (b *bench) startBaseline(ctx context.Context, name string, total int, work func(context.Context, *amqp.Delivery) error) (*baseline, error) {
+	l := &baseline{b: b, name: name, q: b.queue(name), work: work, base: time.Now(),
+		sent: make([]time.Duration, total), done: make([]atomic.Int64, total), failed: make(chan error, 1)}
+	if err := b.declareQuorum(l.q); err != nil {
+		return nil, err
 	}
-	conn, deliveries, err := b.consume(q, "bench-latency-broker")
+	conn, deliveries, err := b.consume(l.q, "bench-"+name)
 	if err != nil {
-		return percentiles{}, err
+		return nil, err
 	}
-	defer conn.Close()
-	ch, err := b.pub.Channel()
-	if err != nil {
-		return percentiles{}, err
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return percentiles{}, err
-	}
-	total := b.o.latencyRate * b.o.latencySeconds
-	base := time.Now()
-	sent := make([]time.Duration, total)     // written by the publisher
-	received := make([]time.Duration, total) // written by the consumer until done
-	done := make(chan error, 1)
-	go func() { // owned: ends after warmup+total deliveries, or when conn closes
-		for n := 0; n < warmup+total; n++ {
-			d, ok := <-deliveries
-			if !ok {
-				done <- errors.New("delivery channel closed")
-				return
+	l.conn = conn
+	go func() { // owned: ends when conn closes (close), or when it fails
+		for d := range deliveries {
+			if l.work != nil {
+				if err := l.work(ctx, &d); err != nil {
+					l.failed <- err
+					return
+				}
 			}
 			if seq := seqOf(d.Body); seq >= 0 && seq < int64(total) {
-				received[seq] = time.Since(base)
+				l.done[seq].Store(int64(time.Since(l.base)))
 			}
 			if err := d.Ack(false); err != nil {
-				done <- fmt.Errorf("ack: %w", err)
+				l.failed <- fmt.Errorf("ack: %w", err)
 				return
 			}
+			l.got.Add(1)
 		}
-		done <- nil
 	}()
+	if l.ch, err = b.pub.Channel(); err == nil {
+		err = l.ch.Confirm(false)
+	}
+	if err != nil {
+		l.close()
+		return nil, err
+	}
 	var pending []*amqp.DeferredConfirmation
-	send := func(seq int64) error {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
-			MessageId: fmt.Sprintf("%s-latency-broker-%d", b.runID, seq), DeliveryMode: amqp.Persistent,
-			Body: encode(1, seq, time.Now())})
+	for range warmup {
+		dc, err := l.publish(ctx, -1)
 		if err != nil {
-			return fmt.Errorf("publish: %w", err)
+			l.close()
+			return nil, err
+		}
+		pending = append(pending, dc)
+	}
+	if err := waitConfirms(ctx, pending); err != nil {
+		l.close()
+		return nil, err
+	}
+	if err := l.await(ctx, warmup); err != nil {
+		l.close()
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	return l, nil
+}
+
+func (l *baseline) close() {
+	if l.ch != nil {
+		_ = l.ch.Close()
+	}
+	_ = l.conn.Close()
+}
+
+func (l *baseline) publish(ctx context.Context, seq int64) (*amqp.DeferredConfirmation, error) {
+	account := 1
+	if seq >= 0 {
+		account = int(seq)%l.b.o.accounts + 1
+	}
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, "", l.q, true, false, amqp.Publishing{
+		MessageId: fmt.Sprintf("%s-%s-%d", l.b.runID, l.name, l.ids.Add(1)), DeliveryMode: amqp.Persistent,
+		Body: encode(account, seq, time.Now())})
+	if err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	return dc, nil
+}
+
+// await waits until the consumer is done with n messages in all, for at
+// most a minute.
+func (l *baseline) await(ctx context.Context, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for l.got.Load() < int64(n) {
+		select {
+		case err := <-l.failed:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %d of %d messages: %w", l.name, l.got.Load(), n, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// segment offers messages from…to-1 at o.latencyRate and returns, once
+// the consumer is done with them all, their publish → done times.
+func (l *baseline) segment(ctx context.Context, from, to int) ([]time.Duration, error) {
+	var pending []*amqp.DeferredConfirmation
+	err := l.b.offer(ctx, to-from, func(i int) error {
+		l.sent[from+i] = time.Since(l.base)
+		dc, err := l.publish(ctx, int64(from+i))
+		if err != nil {
+			return err
 		}
 		pending = append(pending, dc)
 		return nil
-	}
-	for range warmup {
-		if err := send(-1); err != nil {
-			return percentiles{}, err
-		}
-	}
-	err = b.offer(ctx, total, func(i int) error {
-		sent[i] = time.Since(base)
-		return send(int64(i))
 	})
 	if err != nil {
-		return percentiles{}, err
+		return nil, err
 	}
 	if err := waitConfirms(ctx, pending); err != nil {
-		return percentiles{}, err
+		return nil, err
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			return percentiles{}, err
-		}
-	case <-time.After(time.Minute):
-		return percentiles{}, errors.New("deliveries did not arrive within a minute")
+	if err := l.await(ctx, warmup+to); err != nil {
+		return nil, err
 	}
-	got := make([]time.Duration, total)
-	for i := range total {
-		got[i] = received[i] - sent[i]
+	got := make([]time.Duration, 0, to-from)
+	for i := from; i < to; i++ {
+		got = append(got, time.Duration(l.done[i].Load())-l.sent[i])
 	}
-	return percentilesOf(got), nil
+	return got, nil
 }
 
 // offer calls send for 0…total-1 at o.latencyRate per second, on a fixed

@@ -17,7 +17,10 @@
 // Each mode pre-publishes -n messages to a fresh quorum queue and is timed
 // from connecting until all of them are committed (acked, for raw). A
 // latency run, before the modes, offers -latency-rate msg/s to idem for
-// -latency-seconds and reports publish → commit percentiles; after them, a
+// -latency-seconds, split into -latency-rounds segments, each after one as
+// long for each baseline (a plain consumer without a database, and the naive
+// consumer), and reports publish → commit percentiles and, segment by
+// segment, their p99 against the broker alone's; after them, a
 // child process consumes -n messages with idem at -prefetch to report its
 // resident memory. A mode that takes longer than -cap reports the messages
 // it finished by then.
@@ -28,7 +31,7 @@
 // the modes' medians.
 //
 //	go run ./bench/consumer [-n 20000] [-repeat 1] [-modes raw,naive,idem,idem-ordered,idem-deferred]
-//	    [-latency-rate 200 -latency-seconds 10] [-prefetch N] [-cap 30s] [-cpuprofile prefix]
+//	    [-latency-rate 200 -latency-seconds 10 -latency-rounds 5] [-prefetch N] [-cap 30s] [-cpuprofile prefix]
 //
 // IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are. The
 // run uses a fresh schema and fresh queues, and drops them at the end. The
@@ -62,6 +65,7 @@ type options struct {
 	cap            time.Duration
 	latencyRate    int
 	latencySeconds int
+	latencyRounds  int
 	memory         bool
 	cpuprofile     string
 	out            string
@@ -156,7 +160,8 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.batchMaxSize, "batch", 0, "idem Config.BatchMaxSize (0: the runtime's default)")
 	fs.DurationVar(&o.cap, "cap", 30*time.Second, "longest consume phase per mode; a capped mode reports what it did by then")
 	fs.IntVar(&o.latencyRate, "latency-rate", 200, "offered load of the latency run, msg/s (0: skip)")
-	fs.IntVar(&o.latencySeconds, "latency-seconds", 10, "duration of the latency run (0: skip)")
+	fs.IntVar(&o.latencySeconds, "latency-seconds", 10, "seconds of offered load for idem, and as many for each baseline (0: skip)")
+	fs.IntVar(&o.latencyRounds, "latency-rounds", 5, "rounds of the latency run, each a segment for the broker alone, the naive consumer and idem, in turn")
 	fs.BoolVar(&o.memory, "memory", true, "measure idem's resident memory in a child process")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of each mode's consume phase to PREFIX-MODE.pprof")
 	fs.StringVar(&o.out, "out", "/tmp/bench-consumer.md", "also write the markdown report here (empty: don't)")
@@ -183,8 +188,8 @@ func parse(args []string) (options, error) {
 		}
 		o.modes = append(o.modes, m)
 	}
-	if o.n <= 0 || o.repeat <= 0 || o.accounts <= 0 || o.prefetch < 0 || o.naiveWorkers <= 0 || o.cap <= 0 {
-		return o, errors.New("-n, -repeat, -accounts, -naive-workers and -cap must be positive, -prefetch not negative")
+	if o.n <= 0 || o.repeat <= 0 || o.accounts <= 0 || o.prefetch < 0 || o.naiveWorkers <= 0 || o.cap <= 0 || o.latencyRounds <= 0 {
+		return o, errors.New("-n, -repeat, -accounts, -naive-workers, -cap and -latency-rounds must be positive, -prefetch not negative")
 	}
 	return o, nil
 }

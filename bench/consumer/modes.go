@@ -200,9 +200,6 @@ func (b *bench) consumeRaw(ctx context.Context, q string) (int, error) {
 	return b.o.n, nil
 }
 
-// naiveDedupSQL is the naive consumer's duplicate check.
-const naiveDedupSQL = `INSERT INTO %s (message_id) VALUES ($1) ON CONFLICT DO NOTHING`
-
 // consumeNaive is the obvious hand-written idempotent consumer: goroutines
 // share one consumer channel; each message gets its own transaction
 // (BEGIN; INSERT dedup ON CONFLICT DO NOTHING; UPDATE; COMMIT) and is acked
@@ -214,7 +211,6 @@ func (b *bench) consumeNaive(ctx, dbCtx context.Context, q string) (int, error) 
 		return 0, err
 	}
 	defer conn.Close()
-	dedup := fmt.Sprintf(naiveDedupSQL, b.dedup)
 	var done atomic.Int64
 	finished := make(chan struct{})
 	failed := make(chan error, b.o.naiveWorkers)
@@ -222,15 +218,7 @@ func (b *bench) consumeNaive(ctx, dbCtx context.Context, q string) (int, error) 
 	for range b.o.naiveWorkers {
 		wg.Go(func() {
 			for d := range deliveries {
-				err := pgx.BeginFunc(dbCtx, b.pool, func(tx pgx.Tx) error {
-					tag, err := tx.Exec(dbCtx, dedup, d.MessageId)
-					if err != nil || tag.RowsAffected() == 0 {
-						return err // a duplicate: its effect committed already
-					}
-					_, err = tx.Exec(dbCtx, b.updateSQL, accountOf(d.Body))
-					return err
-				})
-				if err != nil {
+				if err := b.naiveTx(dbCtx, &d); err != nil {
 					_ = d.Nack(false, true)
 					failed <- err
 					return
@@ -255,6 +243,19 @@ func (b *bench) consumeNaive(ctx, dbCtx context.Context, q string) (int, error) 
 	_ = conn.Close() // closes deliveries: the goroutines end
 	wg.Wait()
 	return n, err
+}
+
+// naiveTx is the naive consumer's transaction for d: BEGIN; INSERT dedup
+// ON CONFLICT DO NOTHING; UPDATE unless a duplicate; COMMIT.
+func (b *bench) naiveTx(ctx context.Context, d *amqp.Delivery) error {
+	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, b.dedupSQL, d.MessageId)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err // a duplicate: its effect committed already
+		}
+		_, err = tx.Exec(ctx, b.updateSQL, accountOf(d.Body))
+		return err
+	})
 }
 
 // consume opens a connection and a channel with the benchmark's prefetch and

@@ -109,6 +109,28 @@ func (r *report) roundRatios(name, base string) []float64 {
 	return out
 }
 
+// median is the median of xs (the mean of the middle two for an even count).
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	return (s[(n-1)/2] + s[n/2]) / 2
+}
+
+// ratioSummary says how segment ratios compare with the latency target:
+// their median, range, and how many are within it.
+func ratioSummary(xs []float64) string {
+	within := 0
+	for _, x := range xs {
+		if x <= targetP99Factor {
+			within++
+		}
+	}
+	return fmt.Sprintf("%.2f× (segments %.2f–%.2f×, %d of %d within)", median(xs), slices.Min(xs), slices.Max(xs), within, len(xs))
+}
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
 func (r *report) markdown() string {
@@ -189,16 +211,16 @@ func (r *report) markdown() string {
 		}
 	}
 	if l := r.latency; l != nil {
-		limit := time.Duration(float64(l.broker.p99) * targetP99Factor)
+		idem, naive := ratioSummary(l.ratios), ratioSummary(l.naiveRatios)
 		met := "yes"
-		if l.commit.p99 > limit {
+		if median(l.ratios) > targetP99Factor {
 			met = "no"
 		}
 		if l.offered != targetP99AtRate {
 			met += fmt.Sprintf(" (measured at %d msg/s, the target is at %d)", l.offered, targetP99AtRate)
 		}
-		fmt.Fprintf(&w, "| p99 publish → commit at %d msg/s ≤ %.1f × the broker alone's p99 (%s ms) | %s ms (idem's own part, received → commit: p99 %s ms) | %s |\n",
-			targetP99AtRate, targetP99Factor, ms(limit), ms(l.commit.p99), ms(l.own.p99), met)
+		fmt.Fprintf(&w, "| p99 publish → commit at %d msg/s ≤ %.1f × the broker alone's p99, segment by segment (median) | idem %s; the naive consumer %s. Whole run: idem %s ms (its own part, received → commit, %s ms), naive %s ms, broker alone %s ms | %s |\n",
+			targetP99AtRate, targetP99Factor, idem, naive, ms(l.commit.p99), ms(l.own.p99), ms(l.naive.p99), ms(l.broker.p99), met)
 	}
 	if mem := r.memory; mem != nil {
 		fmt.Fprintf(&w, "| resident memory at prefetch %d reported | VmHWM %.1f MiB, VmRSS %.1f MiB | reported |\n",
@@ -207,10 +229,11 @@ func (r *report) markdown() string {
 	w.WriteString("\n")
 
 	if l := r.latency; l != nil {
-		fmt.Fprintf(&w, "Latency (idem with OrderingKey = account): %d messages offered at %d msg/s over %.1f s, %d commits (%.2f msg/commit).\n\n",
-			l.sent, l.offered, l.duration.Seconds(), l.batches, float64(l.sent)/float64(max(l.batches, 1)))
+		fmt.Fprintf(&w, "Latency (idem with OrderingKey = account): %d messages offered at %d msg/s over %.1f s in %d segments, each after one as long for the broker alone and one for the naive consumer; %d commits (%.2f msg/commit).\n\n",
+			l.sent, l.offered, l.duration.Seconds(), len(l.ratios), l.batches, float64(l.sent)/float64(max(l.batches, 1)))
 		w.WriteString("| ms | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|\n")
 		fmt.Fprintf(&w, "| baseline: broker alone, publish → delivery | %s | %s | %s | %s |\n", ms(l.broker.p50), ms(l.broker.p90), ms(l.broker.p99), ms(l.broker.max))
+		fmt.Fprintf(&w, "| baseline: naive consumer, publish → commit returned | %s | %s | %s | %s |\n", ms(l.naive.p50), ms(l.naive.p90), ms(l.naive.p99), ms(l.naive.max))
 		fmt.Fprintf(&w, "| publish → received by the runtime | %s | %s | %s | %s |\n", ms(l.received.p50), ms(l.received.p90), ms(l.received.p99), ms(l.received.max))
 		fmt.Fprintf(&w, "| received → commit returned (idem's own part) | %s | %s | %s | %s |\n", ms(l.own.p50), ms(l.own.p90), ms(l.own.p99), ms(l.own.max))
 		fmt.Fprintf(&w, "| publish → commit returned | %s | %s | %s | %s |\n\n", ms(l.commit.p50), ms(l.commit.p90), ms(l.commit.p99), ms(l.commit.max))
@@ -265,10 +288,12 @@ noted messages when a COMMIT on that connection returns without error
 (a ROLLBACK or the next BEGIN forgets them). publish → commit is that stamp
 minus the time taken just before the publish call, on the same monotonic
 clock: the moment the consumer knows the message is durable, before its
-ack. The baseline, measured just before at the same rate and schedule: a
+ack. Two baselines run at the same rate, in segments that alternate with
+idem's (so that a drift or a stall of the machine reaches all three): a
 plain consumer of a fresh quorum queue (manual ack, no database) stamps
-each delivery; publish → delivery is what the broker and the machine cost
-before idem does anything; publish → received is the same path under idem,
+each delivery, and the naive consumer (one goroutine) stamps each message
+when its transaction committed; publish → delivery is what the broker and
+the machine cost before any consumer work; publish → received is the same path under idem,
 and received → commit is what idem itself adds. Memory: a child process (this binary) consumes a pre-filled queue with
 idem at the given prefetch and reports VmHWM and VmRSS from
 /proc/self/status, so neither the publisher nor the other modes count.

@@ -39,6 +39,7 @@ type bench struct {
 	accounts  string         // quoted table name
 	dedup     string         // quoted table name of the naive consumer's dedup table
 	updateSQL string
+	dedupSQL  string // the naive consumer's duplicate check
 }
 
 // setup creates the schema (idem's tables, accounts, the naive dedup table),
@@ -99,6 +100,7 @@ func newBench(o options, runID, schema string, pool *pgxpool.Pool) *bench {
 	b.accounts = pgx.Identifier{schema, "accounts"}.Sanitize()
 	b.dedup = pgx.Identifier{schema, "naive_dedup"}.Sanitize()
 	b.updateSQL = `UPDATE ` + b.accounts + ` SET balance = balance + 1 WHERE id = $1`
+	b.dedupSQL = `INSERT INTO ` + b.dedup + ` (message_id) VALUES ($1) ON CONFLICT DO NOTHING`
 	return b
 }
 
