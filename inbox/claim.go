@@ -14,43 +14,46 @@ import (
 	"github.com/idemkit/idem/internal/store"
 )
 
-// maxClaimAttempts bounds how often a claim is retried when the row it
-// conflicted with is deleted (by Unclaim or Cleanup in another transaction)
-// before this transaction could read it.
-const maxClaimAttempts = 3
+// A claim that finds its message's row records the sighting on it (see
+// sightingSQL): the last time and the highest stream offset at which any copy
+// was claimed, so that retention keeps the row while copies keep coming and
+// the horizon it records when it deletes the row covers every copy. A row
+// this transaction inserted itself is left alone (the WHERE clause): its
+// first claim is its only sighting, and Unclaim can still take it back.
+// Such a row is not returned; its hash is read with storedHashSQL.
+const sightingSQL = `ON CONFLICT (consumer, message_id) DO UPDATE
+	SET seen_at = now(), seen_offset = GREATEST(t.seen_offset, t.stream_offset, EXCLUDED.stream_offset, EXCLUDED.seen_offset)
+	WHERE t.xmin <> pg_current_xact_id()::xid`
 
-// claimSQL claims one message in one round trip. The outer SELECT reads the
-// statement's snapshot, so it sees rows committed before the statement began
-// but not the row of a concurrent claim the INSERT waited for; Claim then
-// reads the stored hash with a second statement.
-const claimSQL = `WITH ins AS (
-	INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
-	VALUES ($1, $2, $3, NULLIF($4::text, ''), $5, $6)
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING payload_hash
-)
-SELECT true, payload_hash FROM ins
-UNION ALL
-SELECT false, payload_hash FROM %[1]s
-WHERE consumer = $1 AND message_id = $2 AND NOT EXISTS (SELECT 1 FROM ins)`
+// A batch's claims carry, per id, the highest offset of its later copies
+// in the same batch (decided in Go, see decideRepeats) as seen_offset: a
+// sighting in the transaction that inserts the row.
+//
+// claimSQL claims one message in one round trip: it inserts the row, or
+// records the sighting on the row that is there and returns its hash
+// (seen_at is NULL only on a row the statement inserted). A concurrent claim
+// of the same id makes it wait until that transaction ends.
+const claimSQL = `INSERT INTO %[1]s AS t (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
+VALUES ($1, $2, $3, NULLIF($4::text, ''), $5, $6, NULL::bigint)
+` + sightingSQL + `
+RETURNING t.seen_at IS NULL, t.payload_hash`
 
 const storedHashSQL = `SELECT payload_hash FROM %[1]s WHERE consumer = $1 AND message_id = $2`
 
-// claimBatchSQL inserts many claims in one statement and returns the keys it
-// inserted; the others were claimed already.
-const claimBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
-SELECT c, m, h, NULLIF(k, ''), s, o
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[]) AS u(c, m, h, k, s, o)
-ON CONFLICT (consumer, message_id) DO NOTHING
-RETURNING consumer, message_id`
+// claimBatchSQL is claimSQL for many claims in one statement.
+const claimBatchSQL = `INSERT INTO %[1]s AS t (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
+SELECT c, m, h, NULLIF(k, ''), s, o, l
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)
+` + sightingSQL + `
+RETURNING t.consumer, t.message_id, t.seen_at IS NULL, t.payload_hash`
 
 // claimNewBatchSQL inserts claims expected to be new, without ON CONFLICT:
 // the primary key rejects one that is claimed already (23505). PostgreSQL
 // does about a quarter less work per row than for INSERT … ON CONFLICT, which
 // inserts speculatively and confirms each row.
-const claimNewBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset)
-SELECT c, m, h, NULLIF(k, ''), s, o
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[]) AS u(c, m, h, k, s, o)`
+const claimNewBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
+SELECT c, m, h, NULLIF(k, ''), s, o, l
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)`
 
 // The lookups of a batch's keys join the rows to an array of whole keys,
 // the consumer with each message id, and are planned at each execution
@@ -64,38 +67,50 @@ FROM %[1]s AS t
 JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON t.consumer = u.c AND t.message_id = u.m`
 
 // unclaimSQL deletes a row only if this transaction inserted it (at its top
-// level): xmin is the inserting transaction, pg_current_xact_id() is ours.
+// level): xmin is the transaction that wrote the row's version,
+// pg_current_xact_id() is ours, and a row whose sighting this transaction
+// recorded has a seen_at.
 const unclaimSQL = `DELETE FROM %[1]s
-WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid`
+WHERE consumer = $1 AND message_id = $2 AND xmin = pg_current_xact_id()::xid AND seen_at IS NULL`
 
 // unclaimBatchSQL is unclaimSQL for many keys at once.
 const unclaimBatchSQL = `DELETE FROM %[1]s AS t
 USING unnest($1::text[], $2::text[]) AS u(c, m)
-WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin = pg_current_xact_id()::xid`
+WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin = pg_current_xact_id()::xid AND t.seen_at IS NULL`
 
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
 	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
 	unclaimBatch                                                        string
-	lookup, stats, cutoff, cleanup, cleanupConsumer, horizon            string
+	lookup, stats, cutoff, cleanup, horizon, horizons, deleteScope      string
+	hold, release, held                                                 string
+	forgetDiff, learnDiff, transferForget, transferLearn                string
 }
 
-func newStatements(table, horizons string) statements {
-	f := func(q string) string { return fmt.Sprintf(q, table, horizons) }
+func newStatements(table, horizons, holds string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table, horizons, holds) }
 	return statements{
-		claim:           f(claimSQL),
-		storedHash:      f(storedHashSQL),
-		claimBatch:      f(claimBatchSQL),
-		claimNewBatch:   f(claimNewBatchSQL),
-		storedHashes:    f(storedHashesSQL),
-		unclaim:         f(unclaimSQL),
-		unclaimBatch:    f(unclaimBatchSQL),
-		lookup:          f(lookupSQL),
-		stats:           f(statsSQL),
-		cutoff:          cutoffSQL,
-		cleanup:         f(cleanupSQL),
-		cleanupConsumer: f(cleanupConsumerSQL),
-		horizon:         f(horizonSQL),
+		claim:          f(claimSQL),
+		storedHash:     f(storedHashSQL),
+		claimBatch:     f(claimBatchSQL),
+		claimNewBatch:  f(claimNewBatchSQL),
+		storedHashes:   f(storedHashesSQL),
+		hold:           f(holdSQL),
+		release:        f(releaseSQL),
+		held:           f(heldSQL),
+		horizons:       f(horizonsSQL),
+		deleteScope:    f(deleteScopeSQL),
+		forgetDiff:     f(forgetDiffSQL),
+		learnDiff:      f(learnDiffSQL),
+		transferForget: f(transferForgetSQL),
+		transferLearn:  f(transferLearnSQL),
+		unclaim:        f(unclaimSQL),
+		unclaimBatch:   f(unclaimBatchSQL),
+		lookup:         f(lookupSQL),
+		stats:          f(statsSQL),
+		cutoff:         cutoffSQL,
+		cleanup:        f(cleanupSQL),
+		horizon:        f(horizonSQL),
 	}
 }
 
@@ -109,31 +124,25 @@ func (ib *Inbox) Claim(ctx context.Context, tx pgx.Tx, c Claim) (Result, error) 
 	if err := ib.validate(0, &c); err != nil {
 		return Result{}, err
 	}
-	for attempt := 1; ; attempt++ {
-		var inserted bool
-		var stored []byte
-		err := tx.QueryRow(ctx, ib.sql.claim, c.Consumer, c.MessageID, c.PayloadHash[:],
-			c.BusinessKey, c.Source, c.StreamOffset).Scan(&inserted, &stored)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The INSERT waited for a concurrent claim that then committed:
-			// a new statement has a snapshot that sees its row.
-			err = tx.QueryRow(ctx, ib.sql.storedHash, c.Consumer, c.MessageID).Scan(&stored)
-		}
-		if errors.Is(err, pgx.ErrNoRows) && attempt < maxClaimAttempts {
-			continue // the row was deleted in between; claim again
-		}
-		if err != nil {
-			return Result{}, fmt.Errorf("inbox: claim %q: %w", c.MessageID, err)
-		}
-		h, err := idem.HashFromBytes(stored)
-		if err != nil {
-			return Result{}, fmt.Errorf("inbox: claim %q: stored hash: %w", c.MessageID, err)
-		}
-		if inserted {
-			return Result{Decision: NewMessage, StoredHash: h}, nil
-		}
-		return decide(c.PayloadHash, h), nil
+	var inserted bool
+	var stored []byte
+	err := tx.QueryRow(ctx, ib.sql.claim, c.Consumer, c.MessageID, c.PayloadHash[:],
+		c.BusinessKey, c.Source, c.StreamOffset).Scan(&inserted, &stored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// This transaction claimed the id before: read what it stored.
+		err = tx.QueryRow(ctx, ib.sql.storedHash, c.Consumer, c.MessageID).Scan(&stored)
 	}
+	if err != nil {
+		return Result{}, fmt.Errorf("inbox: claim %q: %w", c.MessageID, err)
+	}
+	h, err := idem.HashFromBytes(stored)
+	if err != nil {
+		return Result{}, fmt.Errorf("inbox: claim %q: stored hash: %w", c.MessageID, err)
+	}
+	if inserted {
+		return Result{Decision: NewMessage, StoredHash: h}, nil
+	}
+	return decide(c.PayloadHash, h), nil
 }
 
 type claimKey struct{ consumer, messageID string }
@@ -142,12 +151,14 @@ type claimKey struct{ consumer, messageID string }
 // Claim would return for them one after another: a first occurrence of an id
 // decides against the table, a repeated id in the batch against the first
 // occurrence (Duplicate for the same hash, Conflict otherwise). Results are
-// in the order of claims.
+// in the order of claims. Like Claim, it records the sighting on the rows of
+// duplicates and conflicts.
 //
-// It sends one INSERT … SELECT FROM unnest(…) for all claims and, only if
-// some were claimed already, one SELECT for their stored hashes. Every claim
-// is validated before anything is sent; the first invalid one is returned as
-// a *ValidationError with its Index.
+// It sends one INSERT … SELECT FROM unnest(…) … RETURNING for all claims
+// and, only if the transaction claimed some of the ids before, one SELECT
+// for their stored hashes. Every claim is validated before anything is
+// sent; the first invalid one is returned as a *ValidationError with its
+// Index.
 //
 // Rows are inserted in (consumer, message id) order, so two batches that
 // overlap wait for each other instead of deadlocking.
@@ -157,41 +168,49 @@ func (ib *Inbox) ClaimBatch(ctx context.Context, tx pgx.Tx, claims []Claim) ([]R
 		return nil, err
 	}
 	results := make([]Result, len(claims))
-	for attempt := 1; len(pending) > 0; attempt++ {
-		if attempt > maxClaimAttempts {
-			return nil, fmt.Errorf("inbox: claim batch: %d rows were deleted concurrently %d times in a row", len(pending), maxClaimAttempts)
-		}
-		inserted, err := ib.insertBatch(ctx, tx, claims, pending)
+	if len(pending) > 0 {
+		got, err := ib.insertBatch(ctx, tx, claims, first, pending)
 		if err != nil {
 			return nil, err
 		}
-		var existing []int
+		var own []int // ids this transaction claimed before
 		for _, i := range pending {
-			if inserted[claimKey{claims[i].Consumer, claims[i].MessageID}] {
-				results[i] = Result{Decision: NewMessage, StoredHash: claims[i].PayloadHash}
-			} else {
-				existing = append(existing, i)
+			r, ok := got[claimKey{claims[i].Consumer, claims[i].MessageID}]
+			switch {
+			case !ok:
+				own = append(own, i)
+			case r.inserted:
+				results[i] = Result{Decision: NewMessage, StoredHash: r.hash}
+			default:
+				results[i] = decide(claims[i].PayloadHash, r.hash)
 			}
 		}
-		if len(existing) == 0 {
-			break
-		}
-		stored, err := ib.storedHashes(ctx, tx, claims, existing)
-		if err != nil {
+		if err := ib.decideOwn(ctx, tx, claims, own, results); err != nil {
 			return nil, err
-		}
-		pending = pending[:0]
-		for _, i := range existing {
-			h, ok := stored[claimKey{claims[i].Consumer, claims[i].MessageID}]
-			if !ok {
-				pending = append(pending, i) // deleted in between; claim again
-				continue
-			}
-			results[i] = decide(claims[i].PayloadHash, h)
 		}
 	}
 	decideRepeats(claims, first, results)
 	return results, nil
+}
+
+// decideOwn decides claims[idx], ids this transaction claimed before,
+// against the hashes it stored.
+func (ib *Inbox) decideOwn(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int, results []Result) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	stored, err := ib.storedHashes(ctx, tx, claims, idx)
+	if err != nil {
+		return err
+	}
+	for _, i := range idx {
+		h, ok := stored[claimKey{claims[i].Consumer, claims[i].MessageID}]
+		if !ok {
+			return fmt.Errorf("inbox: claim batch: the row of %q is gone from its own transaction", claims[i].MessageID)
+		}
+		results[i] = decide(claims[i].PayloadHash, h)
+	}
+	return nil
 }
 
 // ErrClaimed is returned (wrapped) by ClaimNewBatch when a message of the
@@ -218,7 +237,7 @@ func (ib *Inbox) ClaimNewBatch(ctx context.Context, tx pgx.Tx, claims []Claim) (
 		return nil, err
 	}
 	if len(pending) > 0 {
-		args := portable(tx, batchArgs(claims, pending))
+		args := portable(tx, batchArgs(claims, first, pending))
 		if _, err := tx.Exec(ctx, ib.sql.claimNewBatch, args...); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -269,38 +288,65 @@ func decideRepeats(claims []Claim, first map[claimKey]int, results []Result) {
 	}
 }
 
-// insertBatch inserts claims[idx] and returns the keys it inserted.
-func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, idx []int) (map[claimKey]bool, error) {
-	rows, err := tx.Query(ctx, ib.sql.claimBatch, portable(tx, batchArgs(claims, idx))...)
+// claimed is what the batch claim statement returned for one key.
+type claimed struct {
+	inserted bool
+	hash     idem.Hash
+}
+
+// insertBatch claims claims[idx] and returns, per key, whether the
+// statement inserted its row and the stored hash; a key it did not return
+// was claimed by this transaction before.
+func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, first map[claimKey]int, idx []int) (map[claimKey]claimed, error) {
+	rows, err := tx.Query(ctx, ib.sql.claimBatch, portable(tx, batchArgs(claims, first, idx))...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
-	inserted := make(map[claimKey]bool, len(idx))
+	got := make(map[claimKey]claimed, len(idx))
 	var k claimKey
-	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID}, func() error {
-		inserted[k] = true
+	var inserted bool
+	var raw []byte
+	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID, &inserted, &raw}, func() error {
+		h, err := idem.HashFromBytes(raw)
+		if err != nil {
+			return fmt.Errorf("message %q: stored hash: %w", k.messageID, err)
+		}
+		got[k] = claimed{inserted: inserted, hash: h}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
-	return inserted, nil
+	return got, nil
 }
 
-// batchArgs are the six column arrays of claims[idx] for the batch inserts.
-func batchArgs(claims []Claim, idx []int) []any {
+// batchArgs are the column arrays of claims[idx] for the batch inserts,
+// the last one the highest offset of each id's later copies in the batch.
+func batchArgs(claims []Claim, first map[claimKey]int, idx []int) []any {
 	consumers := make(pointerArray[textElem], len(idx))
 	ids := make(pointerArray[textElem], len(idx))
 	hashes := make(pointerArray[byteaElem], len(idx))
 	keys := make(pointerArray[textElem], len(idx))
 	sources := make(pointerArray[textElem], len(idx))
 	offsets := make([]*int64, len(idx))
+	later := make([]*int64, len(idx))
+	pos := make(map[int]int, len(idx)) // claims index → position in the arrays
 	for j, i := range idx {
 		c := &claims[i]
 		consumers[j], ids[j], hashes[j] = textElem(c.Consumer), textElem(c.MessageID), c.PayloadHash[:]
 		keys[j], sources[j], offsets[j] = textElem(c.BusinessKey), textElem(c.Source), c.StreamOffset
+		pos[i] = j
 	}
-	return []any{consumers, ids, hashes, keys, sources, offsets}
+	for i, c := range claims {
+		j, ok := pos[first[claimKey{c.Consumer, c.MessageID}]]
+		if !ok || first[claimKey{c.Consumer, c.MessageID}] == i || c.StreamOffset == nil {
+			continue
+		}
+		if later[j] == nil || *c.StreamOffset > *later[j] {
+			later[j] = c.StreamOffset
+		}
+	}
+	return []any{consumers, ids, hashes, keys, sources, offsets, later}
 }
 
 // storedHashes reads the stored hashes of claims[idx].

@@ -84,21 +84,21 @@ func TestCleanupRefusesRetentionBelowFloor(t *testing.T) {
 	ctx := t.Context()
 	seed(t, pool, ib, tables, "a", 2*time.Hour, "m")
 
-	for _, older := range []time.Duration{0, time.Hour, 168 * time.Minute, inbox.DefaultMinRetention - time.Second} {
+	for _, older := range []time.Duration{0, time.Hour, 168 * time.Minute, inbox.DefaultFloor - time.Second} {
 		_, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: older})
 		require.ErrorIs(t, err, inbox.ErrRetentionTooShort, "%v", older)
 		var ve *inbox.ValidationError
 		require.ErrorAs(t, err, &ve)
 		require.Equal(t, "OlderThan", ve.Field)
 	}
-	_, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: time.Hour, MinRetention: 2 * time.Hour})
+	_, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: time.Hour, Floor: 2 * time.Hour})
 	require.ErrorIs(t, err, inbox.ErrRetentionTooShort)
 
 	_, err = ib.Lookup(ctx, pool, "a", "m")
 	require.NoError(t, err, "a refused cleanup deletes nothing")
 
 	// A deliberately lowered floor is honoured.
-	res, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: time.Hour, MinRetention: time.Hour})
+	res, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: time.Hour, Floor: time.Hour})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.Deleted)
 }

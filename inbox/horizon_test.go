@@ -44,7 +44,7 @@ func TestCleanupRecordsTheHighestForgottenOffsetPerConsumerAndSource(t *testing.
 	require.True(t, ok)
 	require.NotNil(t, h.Offset)
 	require.Equal(t, int64(5), *h.Offset, "offsets 0..5 were deleted, over two chunks")
-	require.WithinDuration(t, time.Now().Add(-10*day), h.ReceivedAt, time.Hour)
+	require.WithinDuration(t, time.Now().Add(-10*day), h.SeenAt, time.Hour)
 
 	h, ok, err = ib.Horizon(ctx, pool, "b", "q")
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func TestCleanupRecordsTheHighestForgottenOffsetPerConsumerAndSource(t *testing.
 	h, _, err = ib.Horizon(ctx, pool, "a", "s")
 	require.NoError(t, err)
 	require.Equal(t, int64(6), *h.Offset)
-	require.WithinDuration(t, time.Now().Add(-8*day), h.ReceivedAt, time.Hour)
+	require.WithinDuration(t, time.Now().Add(-8*day), h.SeenAt, time.Hour)
 
 	// A cleanup of older rows (another source's, or stragglers) never moves
 	// it back.
@@ -73,5 +73,5 @@ func TestCleanupRecordsTheHighestForgottenOffsetPerConsumerAndSource(t *testing.
 	h, _, err = ib.Horizon(ctx, pool, "a", "s")
 	require.NoError(t, err)
 	require.Equal(t, int64(6), *h.Offset)
-	require.WithinDuration(t, time.Now().Add(-8*day), h.ReceivedAt, time.Hour)
+	require.WithinDuration(t, time.Now().Add(-8*day), h.SeenAt, time.Hour)
 }

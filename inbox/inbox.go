@@ -43,7 +43,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
-	return &Inbox{maxID: cfg.MaxIDBytes, sql: newStatements(cfg.Tables.Table("inbox"), cfg.Tables.Table("inbox_horizons"))}, nil
+	return &Inbox{maxID: cfg.MaxIDBytes, sql: newStatements(cfg.Tables.Table("inbox"), cfg.Tables.Table("inbox_horizons"), cfg.Tables.Table("inbox_holds"))}, nil
 }
 
 // Decision is the outcome of a claim.

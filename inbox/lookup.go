@@ -33,6 +33,13 @@ type Record struct {
 	StreamOffset *int64
 	// ReceivedAt is when the claiming transaction began (its now()).
 	ReceivedAt time.Time
+	// SeenAt is when a later copy of the message was last claimed (a
+	// duplicate or a conflicting payload); nil when only one copy came.
+	// Retention counts a row's age from it.
+	SeenAt *time.Time
+	// SeenOffset is the highest stream offset of any later copy; nil when
+	// only one copy came, and for queues.
+	SeenOffset *int64
 }
 
 // ConsumerStats summarises one consumer's rows.
@@ -47,7 +54,8 @@ type ConsumerStats struct {
 	Newest time.Time
 }
 
-const lookupSQL = `SELECT consumer, message_id, payload_hash, coalesce(business_key, ''), source, stream_offset, received_at
+const lookupSQL = `SELECT consumer, message_id, payload_hash, coalesce(business_key, ''), source, stream_offset, received_at,
+	seen_at, seen_offset
 FROM %[1]s WHERE consumer = $1 AND message_id = $2`
 
 const statsSQL = `SELECT consumer, count(*), min(received_at), max(received_at)
@@ -59,7 +67,7 @@ func (ib *Inbox) Lookup(ctx context.Context, q Querier, consumer, messageID stri
 	var r Record
 	var hash []byte
 	err := q.QueryRow(ctx, ib.sql.lookup, consumer, messageID).Scan(
-		&r.Consumer, &r.MessageID, &hash, &r.BusinessKey, &r.Source, &r.StreamOffset, &r.ReceivedAt)
+		&r.Consumer, &r.MessageID, &hash, &r.BusinessKey, &r.Source, &r.StreamOffset, &r.ReceivedAt, &r.SeenAt, &r.SeenOffset)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("inbox: lookup %q for consumer %q: %w", messageID, consumer, ErrNotFound)
 	}

@@ -30,7 +30,7 @@ var (
 	// holds a NUL byte, or is longer than Config.MaxIDBytes.
 	ErrInvalidField = errors.New("inbox: invalid field")
 	// ErrRetentionTooShort: CleanupOptions.OlderThan is below the
-	// retention floor (CleanupOptions.MinRetention).
+	// retention floor (CleanupOptions.Floor).
 	ErrRetentionTooShort = errors.New("inbox: retention below the floor")
 )
 

@@ -47,7 +47,7 @@
 //
 // # The tables
 //
-// inbox and inbox_horizons (package inbox), dead_letters and attempts
+// inbox, inbox_horizons and inbox_holds (package inbox), dead_letters and attempts
 // (package consumer), ledger and ledger_audit (package ledger), http_keys
 // (package inbox/httpinbox), checkpoints (package consumer/stream),
 // replay_runs and replay_audit (package replay), and migrations itself.

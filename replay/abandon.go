@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/shadow"
 )
 
@@ -17,11 +18,12 @@ const abandonSQL = `UPDATE %s SET status = 'abandoned', finished_at = now() WHER
 
 // Abandon gives up the interrupted online rebuild runID, whose tables are in
 // tables: it drops its shadow tables, deletes the inbox rows and parked
-// events it kept beside the live ones, and marks the run abandoned. The live
-// projection and the live consumer are untouched; a new rebuild may start.
-// Abandoning an abandoned run finishes its clean-up. It fails with
-// ErrRebuildRunning while a process runs the rebuild, and with
-// ErrRunMismatch for a run that is not an unfinished online rebuild.
+// events it kept beside the live ones (releasing its inbox scope, see
+// inbox.Inbox.Hold), and marks the run abandoned. The live projection and
+// the live consumer are untouched; a new rebuild may start. Abandoning an
+// abandoned run finishes its clean-up. It fails with ErrRebuildRunning while
+// a process runs the rebuild, and with ErrRunMismatch for a run that is not
+// an unfinished online rebuild.
 func Abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, runID string) error {
 	row, err := loadRun(ctx, pool, tables, runID)
 	switch {
@@ -44,14 +46,19 @@ func Abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, runID 
 			return err
 		}
 	}
-	if err := cleanupScope(ctx, pool, tables, rebuildScope(row.consumer, runID)); err != nil {
+	ib, err := inbox.New(inbox.Config{Tables: tables})
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if _, err := ib.DeleteScope(ctx, pool, rebuildScope(row.consumer, runID)); err != nil {
 		return fmt.Errorf("replay: abandon run %s (run it again to finish): %w", runID, err)
 	}
 	return nil
 }
 
-// abandon drops the shadows of the running rebuild row, deletes its parked
-// events and marks it abandoned, in one transaction.
+// abandon marks the running rebuild row abandoned, releases its inbox
+// scope, drops its shadows and deletes its parked events, in one
+// transaction.
 func abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, row *run) error {
 	runID := row.id
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -61,6 +68,13 @@ func abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, row *r
 		}
 		if tag.RowsAffected() != 1 {
 			return fmt.Errorf("%w: run %s finished meanwhile", ErrRunMismatch, runID)
+		}
+		ib, err := inbox.New(inbox.Config{Tables: tables})
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		if err := ib.Release(ctx, tx, rebuildScope(row.consumer, runID)); err != nil {
+			return fmt.Errorf("replay: abandon run %s: %w", runID, err)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM `+tables.Table("projection_parked")+` WHERE projection = $1`,
 			shadow.Scope(*row.projection)); err != nil {

@@ -152,12 +152,15 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 	if seg.mode != idem.Forensic {
 		return nil
 	}
-	switch res.Inbox {
-	case inbox.NewMessage:
+	forgotten := res.Inbox == inbox.NewMessage && it.Offset <= r.forgotten
+	switch {
+	case forgotten:
+		s.Forgotten++
+	case res.Inbox == inbox.NewMessage:
 		s.NotProcessed++
-	case inbox.Duplicate:
+	case res.Inbox == inbox.Duplicate:
 		s.ProcessedSameHash++
-	case inbox.Conflict:
+	case res.Inbox == inbox.Conflict:
 		s.Conflicts++
 	}
 	var effects []ledger.Entry
@@ -165,5 +168,5 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 		effects = capture.Effects()
 	}
 	s.Effects += int64(len(effects))
-	return r.report.message(it, res, effects)
+	return r.report.message(it, res, effects, forgotten)
 }

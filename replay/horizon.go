@@ -4,62 +4,66 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
-// ErrBelowHorizon means a normal replay would start at a message the live
-// consumer's inbox no longer remembers: retention deleted its row (see
-// inbox.Inbox.Horizon), so the replay would run the handler again on a
-// message it already applied. Start after the horizon, or set
-// Options.AllowBelowHorizon to run them again deliberately.
-var ErrBelowHorizon = errors.New("replay: the start is below the inbox horizon")
+// Every mode asks the inbox horizon (inbox.Horizon) before it reads:
+//
+//   - normal: the first record of the range, and on resume the checkpoint,
+//     must be past the live consumer's horizon (checkHorizon);
+//   - rebuild: the run's own inbox scope is held against retention while
+//     the run may still resume (holdScope), and a run whose scope lost rows
+//     anyway refuses to resume (checkOwnScope); an online rebuild's swap
+//     records the live horizon for the rows it makes the live scope forget;
+//   - forensic: records at or below the horizon are reported "forgotten",
+//     not "not-processed" (forgottenUpTo);
+//   - repair re-runs its selection whatever the inbox holds, by design, and
+//     audits what the inbox held.
 
 // errFirst stops the read that finds the first record of the range.
 var errFirst = errors.New("replay: first record found")
 
-// checkHorizon refuses a normal replay whose first record is at or below the
-// inbox horizon of the live consumer on the stream: the highest offset (or,
-// for rows without one, the newest receipt) that retention deleted from its
-// inbox. The first record is the one the replay would read first, found by
-// reading the range up to end; an empty range passes.
-func (r *runner) checkHorizon(ctx context.Context, end int64) error {
+// checkHorizon refuses a normal replay whose first record (from on) could
+// have lost its row in the live consumer's inbox: one at or below the
+// highest offset at which retention forgot a copy, or, where the forgotten
+// rows had no offsets, one published no later than the newest forgotten
+// sighting. An empty range passes.
+func (r *runner) checkHorizon(ctx context.Context, from Position, end int64) error {
 	if r.o.Mode != idem.Normal || r.o.AllowBelowHorizon || end < 0 {
 		return nil
 	}
-	ib, err := inbox.New(inbox.Config{Tables: r.tables})
-	if err != nil {
-		return fmt.Errorf("replay: %w", err)
-	}
-	h, forgot, err := ib.Horizon(ctx, r.pool, r.cfg.Name, r.o.Stream)
-	if err != nil || !forgot {
-		return err
-	}
-	first, found, err := r.firstRecord(ctx, end)
+	first, found, err := r.firstRecord(ctx, from, end)
 	if err != nil || !found {
 		return err
 	}
-	if h.Offset != nil && first.Offset <= *h.Offset {
-		return fmt.Errorf("%w: consumer %q forgot offsets up to %d of %s (retention, at %s) and the replay would start at %d: "+
-			"their handlers would run again; start at %d or later, or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)",
-			ErrBelowHorizon, r.cfg.Name, *h.Offset, r.o.Stream, h.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"),
-			first.Offset, *h.Offset+1)
+	h, forgot, err := r.ib.Horizon(ctx, r.pool, r.cfg.Name, r.o.Stream)
+	switch {
+	case err != nil:
+		return fmt.Errorf("replay: %w", err)
+	case !forgot:
+		return nil
+	case h.Offset != nil:
+		err = r.ib.CheckOffset(ctx, r.pool, r.cfg.Name, r.o.Stream, first.Offset)
+	case !first.Timestamp.IsZero():
+		err = r.ib.CheckSeen(ctx, r.pool, r.cfg.Name, first.Timestamp)
 	}
-	if h.Offset == nil && !first.Timestamp.IsZero() && !first.Timestamp.After(h.ReceivedAt) {
-		return fmt.Errorf("%w: consumer %q forgot messages of %s received until %s and the replay would start at a message created %s: "+
-			"start later, or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)",
-			ErrBelowHorizon, r.cfg.Name, r.o.Stream, h.ReceivedAt.UTC().Format("2006-01-02T15:04:05Z"),
-			first.Timestamp.UTC().Format("2006-01-02T15:04:05Z"))
+	if err != nil {
+		return fmt.Errorf("replay: the range starts below the inbox horizon: %w; "+
+			"or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)", err)
 	}
 	return nil
 }
 
-// firstRecord returns the first record of [Options.From, end]; found is false
-// when the range holds none.
-func (r *runner) firstRecord(ctx context.Context, end int64) (first streamio.Record, found bool, err error) {
-	spec := streamio.ReadSpec{Stream: r.o.Stream, From: r.o.From.stream(), To: Offset(end).stream(), MaxBatch: 1}
+// firstRecord returns the first record of [from, end]; found is false when
+// the range holds none.
+func (r *runner) firstRecord(ctx context.Context, from Position, end int64) (first streamio.Record, found bool, err error) {
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: Offset(end).stream(), MaxBatch: 1}
 	err = r.env.Read(ctx, spec, func(_ context.Context, recs []streamio.Record) error {
 		first, found = recs[0], true
 		return errFirst
@@ -68,4 +72,47 @@ func (r *runner) firstRecord(ctx context.Context, end int64) (first streamio.Rec
 		return streamio.Record{}, false, fmt.Errorf("replay: find the first record: %w", err)
 	}
 	return first, found, nil
+}
+
+// forgottenUpTo returns the highest offset of the stream at which the live
+// consumer forgot a copy of a message, -1 for none. A forensic replay
+// reports the messages up to it as "forgotten", since the inbox can no
+// longer say whether they were processed; the swap keeps them forgotten.
+func (r *runner) forgottenUpTo(ctx context.Context, q inbox.Querier) (int64, error) {
+	h, forgot, err := r.ib.Horizon(ctx, q, r.cfg.Name, r.o.Stream)
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	if !forgot || h.Offset == nil {
+		return -1, nil
+	}
+	return *h.Offset, nil
+}
+
+// holdScope holds a rebuild's own inbox scope against retention, in the
+// transaction that registers the run: a run interrupted for longer than the
+// retention still knows every message it applied when it resumes.
+// finishRun and Abandon release it.
+func (r *runner) holdScope(ctx context.Context, tx pgx.Tx, row *run) error {
+	if err := r.ib.Hold(ctx, tx, rebuildScope(row.consumer, row.id), "rebuild run "+row.id); err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	return nil
+}
+
+// checkOwnScope refuses to resume a rebuild whose own inbox scope lost rows
+// to retention anyway (deleted by hand, or before scopes were held): it no
+// longer knows every message it applied, and would apply some again.
+func (r *runner) checkOwnScope(ctx context.Context, row *run) error {
+	scope := rebuildScope(row.consumer, row.id)
+	hs, err := r.ib.Horizons(ctx, r.pool, scope)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
+	}
+	if len(hs) > 0 {
+		return fmt.Errorf("%w: run %s cannot resume: retention deleted rows of its own inbox scope %q "+
+			"(messages last seen until %s), so it no longer knows every message it applied; abandon it and start a new rebuild",
+			inbox.ErrBeyondHorizon, row.id, scope, hs[0].SeenAt.UTC().Format(time.RFC3339))
+	}
+	return nil
 }

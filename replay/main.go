@@ -211,8 +211,8 @@ func printSummary(w io.Writer, s Summary) {
 		s.Processed, s.Duplicates, s.DeadLettered, s.Skipped, s.Conflicts, s.HandlerErrors)
 	switch s.Mode {
 	case idem.Forensic:
-		fmt.Fprintf(&b, "  inbox: not processed %d, processed with the same hash %d; effects the handlers would record %d\n",
-			s.NotProcessed, s.ProcessedSameHash, s.Effects)
+		fmt.Fprintf(&b, "  inbox: not processed %d, processed with the same hash %d, forgotten by retention %d; "+
+			"effects the handlers would record %d\n", s.NotProcessed, s.ProcessedSameHash, s.Forgotten, s.Effects)
 	case idem.Rebuild:
 		if s.CaughtUp > 0 {
 			fmt.Fprintf(&b, "  caught up %d messages past the live checkpoint (effects dispatched)\n", s.CaughtUp)

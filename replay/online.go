@@ -108,6 +108,9 @@ func (r *runner) startOnline(ctx context.Context) (int64, error) {
 		if err := r.insertRun(ctx, tx, row); err != nil {
 			return err
 		}
+		if err := r.holdScope(ctx, tx, row); err != nil {
+			return err
+		}
 		return r.shadows(row).create(ctx, tx)
 	})
 	if err != nil {
@@ -165,6 +168,9 @@ func (r *runner) resumeOnline(ctx context.Context, row *run) (int64, error) {
 	if len(missing) > 0 {
 		return 0, fmt.Errorf("%w: run %s: its shadow tables %q are gone: abandon it and start a new rebuild",
 			ErrRunMismatch, row.id, missing)
+	}
+	if err := r.checkOwnScope(ctx, row); err != nil {
+		return 0, err
 	}
 	r.o.From = mustParse(row.from)
 	return r.applied(ctx, r.pool)

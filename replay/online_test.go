@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/pglock"
 )
 
@@ -387,7 +388,9 @@ func TestSwapHandsTheLiveScopeExactlyTheMessagesTheRebuiltTablesHold(t *testing.
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	r := &runner{pool: e.pool, tables: e.tables, cfg: consumer.Config{Name: "test"}, o: Options{Stream: "s"},
+	inb, err := inbox.New(inbox.Config{Tables: e.tables})
+	require.NoError(t, err)
+	r := &runner{pool: e.pool, ib: inb, tables: e.tables, cfg: consumer.Config{Name: "test"}, o: Options{Stream: "s"},
 		row: &run{id: "r1"}}
 	own := rebuildScope("test", "r1")
 	ib := e.tables.Table("inbox")
@@ -418,7 +421,7 @@ func TestSwapHandsTheLiveScopeExactlyTheMessagesTheRebuiltTablesHold(t *testing.
 		}
 	}
 	insert("test", "other-stream", 6, 1, "elsewhere") // not the rebuild's business
-	_, err := e.pool.Exec(ctx, `INSERT INTO `+e.tables.Table("inbox_horizons")+` (consumer, source, forgotten_offset, forgotten_received_at)
+	_, err = e.pool.Exec(ctx, `INSERT INTO `+e.tables.Table("inbox_horizons")+` (consumer, source, forgotten_offset, forgotten_seen_at)
 		VALUES ('test', 's', 3, now())`)
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, `INSERT INTO `+e.tables.Table("checkpoints")+` (consumer, stream, last_offset) VALUES ($1, 's', 10)`,
@@ -439,4 +442,8 @@ func TestSwapHandsTheLiveScopeExactlyTheMessagesTheRebuiltTablesHold(t *testing.
 	require.NoError(t, err)
 	require.ElementsMatch(t, []string{"m-0:1", "m-1:1", "m-3:1", "m-4:1", "m-5:1", "m-7:2", "m-8:1", "m-9:1", "m-10:1", "m-11:1",
 		"other-stream:1"}, got, "m-2 stays forgotten, m-6 and m-12 are forgotten, m-5 and m-11 learnt, m-7 takes the rebuild's payload")
+	h, ok, err := inb.Horizon(ctx, e.pool, "test", "s")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, int64(12), *h.Offset, "the rows the hand-over deleted moved the live horizon")
 }

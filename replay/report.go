@@ -27,8 +27,10 @@ type ReportLine struct {
 	PayloadHash string `json:"payload_hash"`
 	// Inbox is what the live consumer's inbox holds for the message id:
 	// "processed-same-hash", "not-processed", "conflict" (another payload
-	// under the id), or "invalid" (the message could not be looked up:
-	// no id, too large…).
+	// under the id), "forgotten" (no row, but the message is at or below
+	// the inbox horizon: retention may have deleted the row of a message
+	// that was processed), or "invalid" (the message could not be looked
+	// up: no id, too large…).
 	Inbox string `json:"inbox"`
 	// StoredHash is the hash the inbox holds, for "conflict".
 	StoredHash string `json:"stored_hash,omitempty"`
@@ -69,10 +71,12 @@ type ReportSummary struct {
 	LastOffset  int64 `json:"last_offset"`
 	// Messages counts the message lines.
 	Messages int64 `json:"messages"`
-	// NotProcessed, ProcessedSameHash and Conflicts count the inbox states.
+	// NotProcessed, ProcessedSameHash, Conflicts and Forgotten count the
+	// inbox states.
 	NotProcessed      int64 `json:"not_processed"`
 	ProcessedSameHash int64 `json:"processed_same_hash"`
 	Conflicts         int64 `json:"conflicts"`
+	Forgotten         int64 `json:"forgotten"`
 	// HandlerErrors counts the "error" and "dead_letter" outcomes.
 	HandlerErrors int64 `json:"handler_errors"`
 	// Effects counts the effects the handlers would record.
@@ -96,7 +100,9 @@ func newReporter(w io.Writer) *reporter {
 var inboxStates = map[inbox.Decision]string{inbox.NewMessage: "not-processed", inbox.Duplicate: "processed-same-hash",
 	inbox.Conflict: "conflict", 0: "invalid"}
 
-func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.Entry) error {
+// message reports one message; forgotten marks a message at or below the
+// inbox horizon.
+func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.Entry, forgotten bool) error {
 	if p.enc == nil {
 		return nil
 	}
@@ -107,6 +113,9 @@ func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.
 	}
 	if res.Inbox == inbox.Conflict {
 		line.StoredHash = res.StoredHash.String()
+	}
+	if forgotten {
+		line.Inbox = "forgotten"
 	}
 	switch res.Outcome {
 	case engine.Retry:
@@ -130,7 +139,7 @@ func (p *reporter) summary(s Summary) error {
 	}
 	err := p.enc.Encode(ReportSummary{
 		Kind: "summary", EndOffset: s.End, FirstOffset: s.First, LastOffset: s.Last, Messages: s.Messages,
-		NotProcessed: s.NotProcessed, ProcessedSameHash: s.ProcessedSameHash, Conflicts: s.Conflicts,
+		NotProcessed: s.NotProcessed, ProcessedSameHash: s.ProcessedSameHash, Conflicts: s.Conflicts, Forgotten: s.Forgotten,
 		HandlerErrors: s.HandlerErrors, Effects: s.Effects,
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/seam"
 	"github.com/idemkit/idem/internal/store"
@@ -57,6 +58,11 @@ type Summary struct {
 	// NotProcessed and ProcessedSameHash are the forensic inbox states: the
 	// live consumer has not processed the message, or has, with this payload.
 	NotProcessed, ProcessedSameHash int64
+	// Forgotten counts the messages of a forensic replay that the inbox
+	// holds no row for, at or below its horizon: retention may have deleted
+	// the rows of processed messages there, so they are neither counted
+	// processed nor not processed.
+	Forgotten int64
 	// Effects counts the effects a forensic replay captured.
 	Effects int64
 	// CaughtUp counts the messages of a rebuild past the live consumer's
@@ -90,6 +96,7 @@ func (s Summary) Findings() bool { return s.Conflicts > 0 || s.HandlerErrors > 0
 // runner is the state of one Run call.
 type runner struct {
 	sc     seam.Consumer
+	ib     *inbox.Inbox // the consumer's inbox: its horizon, the rebuild's scope
 	cfg    consumer.Config
 	o      Options
 	pool   *pgxpool.Pool
@@ -100,6 +107,9 @@ type runner struct {
 	sum    Summary
 	report *reporter
 	proj   *projection.Projection // an online rebuild's projection; nil otherwise
+	// forgotten is, in a forensic replay, the live consumer's horizon on
+	// the stream (-1 for none).
+	forgotten int64
 
 	*tally // what progress shows: settled, first, last, end, phase, pause
 
@@ -142,8 +152,12 @@ func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, erro
 	}
 	defer env.Close()
 	sc, _ := seam.Of(c)
+	ib, err := inbox.New(inbox.Config{Tables: cfg.Tables})
+	if err != nil {
+		return Summary{}, fmt.Errorf("replay: %w", err)
+	}
 	r := &runner{
-		sc: sc, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		sc: sc, ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
 		log:  o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
 		sum:  Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
 		proj: o.Projection, tally: newTally(),
@@ -164,6 +178,9 @@ func (r *runner) run(ctx context.Context) error {
 			return err
 		}
 		r.sum.End = end
+		if r.forgotten, err = r.forgottenUpTo(ctx, r.pool); err != nil {
+			return err
+		}
 		r.report = newReporter(r.o.Report)
 		if err := r.readAll(ctx, r.o.From, end); err != nil {
 			return err
@@ -270,7 +287,7 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 	if err != nil {
 		return Position{}, err
 	}
-	if err := r.checkHorizon(ctx, end); err != nil {
+	if err := r.checkHorizon(ctx, r.o.From, end); err != nil {
 		return Position{}, err
 	}
 	row := &run{
@@ -305,6 +322,11 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		if err := r.insertRun(ctx, tx, row); err != nil {
 			return err
+		}
+		if r.o.Mode == idem.Rebuild {
+			if err := r.holdScope(ctx, tx, row); err != nil {
+				return err
+			}
 		}
 		if r.o.Reset != nil {
 			if err := r.o.Reset(ctx, tx); err != nil {
@@ -358,10 +380,15 @@ func (r *runner) resume(ctx context.Context, row *run) (Position, error) {
 				ErrLiveMoved, *row.live, row.id, live)
 		}
 	}
+	from := r.o.From
 	if ok {
-		return Offset(last + 1), nil
+		from = Offset(last + 1)
 	}
-	return r.o.From, nil
+	if row.mode == string(idem.Rebuild) {
+		return from, r.checkOwnScope(ctx, row)
+	}
+	// Retention may have moved the horizon while the run was stopped.
+	return from, r.checkHorizon(ctx, from, row.end)
 }
 
 // mustParse reads a position stored by start.

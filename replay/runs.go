@@ -85,6 +85,11 @@ func (r *runner) finishRun(ctx context.Context, tx pgx.Tx, handoff *int64) error
 	if tag.RowsAffected() != 1 {
 		return fmt.Errorf("replay: finish run %s: another process finished it", r.row.id)
 	}
+	if r.row.mode == string(idem.Rebuild) {
+		if err := r.ib.Release(ctx, tx, rebuildScope(r.row.consumer, r.row.id)); err != nil {
+			return fmt.Errorf("replay: finish run %s: %w", r.row.id, err)
+		}
+	}
 	return nil
 }
 

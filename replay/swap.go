@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/shadow"
 	"github.com/idemkit/idem/internal/store"
@@ -174,37 +173,17 @@ func (r *runner) handOver(ctx context.Context, tx pgx.Tx, live int64, diff inbox
 	return r.finishRun(ctx, tx, &live)
 }
 
-// The inbox hand-over: the live scope must know exactly the messages the
-// rebuilt tables applied, so that a message delivered again after the swap
-// is a duplicate if and only if the new tables hold it. Rows the inbox
-// retention made the live scope forget (at or below its horizon) stay
-// forgotten.
+// The inbox hand-over (see inbox.Transfer): the live scope must know
+// exactly the messages the rebuilt tables applied, so that a message
+// delivered again after the swap is a duplicate if and only if the new
+// tables hold it. Rows the inbox retention made the live scope forget (at
+// or below its horizon) stay forgotten, and the live rows the hand-over
+// deletes move its horizon.
 //
 // Comparing the scopes reads every row, so it runs before the pause, for
 // the messages up to the rebuild's position, which neither scope claims
-// again: forgetDiffSQL lists the live rows the rebuild did not apply,
-// learnDiffSQL the rebuild's rows the live scope lacks or holds with
-// another payload. In the pause, forgetSQL and learnSQL apply those lists
-// and the messages of the final catch-up, by id.
-const (
-	forgetDiffSQL = `SELECT l.message_id FROM %[1]s AS l
-WHERE l.consumer = $1 AND l.source = $3 AND l.stream_offset <= $4
-	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
-	learnDiffSQL = `SELECT s.message_id FROM %[1]s AS s
-WHERE s.consumer = $2 AND s.stream_offset <= $3 AND s.stream_offset > $4
-	AND NOT EXISTS (SELECT 1 FROM %[1]s AS l
-		WHERE l.consumer = $1 AND l.message_id = s.message_id AND l.payload_hash = s.payload_hash)`
-	forgetSQL = `DELETE FROM %[1]s AS l WHERE l.consumer = $1 AND l.message_id = ANY($3::text[])
-	AND NOT EXISTS (SELECT 1 FROM %[1]s AS s WHERE s.consumer = $2 AND s.message_id = l.message_id)`
-	learnSQL = `INSERT INTO %[1]s AS l (consumer, message_id, payload_hash, business_key, source, stream_offset, received_at)
-SELECT $1, s.message_id, s.payload_hash, s.business_key, s.source, s.stream_offset, s.received_at
-FROM %[1]s AS s
-WHERE s.consumer = $2 AND s.message_id = ANY($3::text[]) AND (s.stream_offset IS NULL OR s.stream_offset > $4)
-	AND NOT EXISTS (SELECT 1 FROM %[1]s AS x
-		WHERE x.consumer = $1 AND x.message_id = s.message_id AND x.payload_hash = s.payload_hash)
-ON CONFLICT (consumer, message_id) DO UPDATE SET payload_hash = EXCLUDED.payload_hash,
-	business_key = EXCLUDED.business_key, source = EXCLUDED.source, stream_offset = EXCLUDED.stream_offset`
-)
+// again; in the pause, the hand-over applies those differences and the
+// messages of the final catch-up, by id.
 
 // inboxDiff is the inbox hand-over prepared before the pause: the
 // differences between the scopes up to offset upTo.
@@ -220,58 +199,28 @@ func (r *runner) diffInbox(ctx context.Context) (inboxDiff, error) {
 	if d.upTo, err = r.applied(ctx, r.pool); err != nil {
 		return d, err
 	}
-	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
-	if d.forget, err = r.ids(ctx, fmt.Sprintf(forgetDiffSQL, table), r.cfg.Name, own, r.o.Stream, d.upTo); err != nil {
-		return d, err
-	}
-	horizon, err := r.horizon(ctx, r.pool)
+	horizon, err := r.forgottenUpTo(ctx, r.pool)
 	if err != nil {
 		return d, err
 	}
-	d.learn, err = r.ids(ctx, fmt.Sprintf(learnDiffSQL, table), r.cfg.Name, own, d.upTo, horizon)
-	return d, err
-}
-
-// horizon returns the highest offset retention made the live scope
-// forget, -1 for none.
-func (r *runner) horizon(ctx context.Context, q inbox.Querier) (int64, error) {
-	ib, err := inbox.New(inbox.Config{Tables: r.tables})
+	d.forget, d.learn, err = r.ib.Differences(ctx, r.pool, rebuildScope(r.cfg.Name, r.row.id), r.cfg.Name, r.o.Stream, d.upTo, horizon)
 	if err != nil {
-		return 0, fmt.Errorf("replay: %w", err)
+		return d, fmt.Errorf("replay: %w", err)
 	}
-	h, forgot, err := ib.Horizon(ctx, q, r.cfg.Name, r.o.Stream)
-	if err != nil || !forgot || h.Offset == nil {
-		return -1, err
-	}
-	return *h.Offset, nil
-}
-
-// ids runs a query that lists message ids.
-func (r *runner) ids(ctx context.Context, sql string, args ...any) ([]string, error) {
-	rows, err := r.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("replay: compare the inbox scopes: %w", err)
-	}
-	return ids, nil
+	return d, nil
 }
 
 // mergeInbox makes the live inbox scope hold what the rebuild's holds: the
 // differences found before the pause, and those among the messages the
 // pause applied.
 func (r *runner) mergeInbox(ctx context.Context, tx pgx.Tx, d inboxDiff, delta []string) error {
-	horizon, err := r.horizon(ctx, tx)
+	horizon, err := r.forgottenUpTo(ctx, tx)
 	if err != nil {
 		return err
 	}
-	table, own := r.tables.Table("inbox"), rebuildScope(r.cfg.Name, r.row.id)
-	b := &pgx.Batch{}
-	b.Queue(fmt.Sprintf(forgetSQL, table), r.cfg.Name, own, append(d.forget, delta...))
-	b.Queue(fmt.Sprintf(learnSQL, table), r.cfg.Name, own, append(d.learn, delta...), horizon)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	err = r.ib.Transfer(ctx, tx, inbox.Transfer{From: rebuildScope(r.cfg.Name, r.row.id), To: r.cfg.Name,
+		Forget: append(d.forget, delta...), Learn: append(d.learn, delta...), ForgottenUpTo: horizon})
+	if err != nil {
 		return fmt.Errorf("replay: swap: hand the inbox over: %w", err)
 	}
 	return nil
@@ -300,30 +249,11 @@ func (r *runner) swapped(live int64, pause time.Duration) {
 		"messages", r.sum.Messages, "processed", r.sum.Processed, "duplicates", r.sum.Duplicates)
 }
 
-// cleanupChunk is how many rows one statement of cleanupScope deletes.
-const cleanupChunk = 5000
-
 // cleanup deletes the inbox rows of a swapped rebuild's own scope, which
 // the swap copied to the live scope.
 func (r *runner) cleanup(ctx context.Context) error {
-	if err := cleanupScope(ctx, r.pool, r.tables, rebuildScope(r.cfg.Name, r.row.id)); err != nil {
+	if _, err := r.ib.DeleteScope(ctx, r.pool, rebuildScope(r.cfg.Name, r.row.id)); err != nil {
 		return fmt.Errorf("replay: clean up after run %s (run it again to finish): %w", r.row.id, err)
 	}
 	return nil
-}
-
-// cleanupScope deletes the inbox rows of scope in bounded chunks.
-func cleanupScope(ctx context.Context, q queryer, tables idem.Tables, scope string) error {
-	table := tables.Table("inbox")
-	sql := `DELETE FROM ` + table + ` WHERE consumer = $1 AND message_id IN (
-		SELECT message_id FROM ` + table + ` WHERE consumer = $1 LIMIT $2)`
-	for {
-		tag, err := q.Exec(ctx, sql, scope, cleanupChunk)
-		if err != nil {
-			return fmt.Errorf("delete the inbox rows of %s: %w", scope, err)
-		}
-		if tag.RowsAffected() < cleanupChunk {
-			return nil
-		}
-	}
 }

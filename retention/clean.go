@@ -68,8 +68,10 @@ const cutoffSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 // Clean deletes what idem no longer needs, table by table, in chunks of
 // cfg.ChunkSize rows, each chunk one statement in its own transaction:
 //
-//   - inbox: rows received before the cutoff (inbox.Inbox.Cleanup, which
-//     records what each consumer forgot, see inbox.Horizon);
+//   - inbox: rows whose message was last seen before the cutoff
+//     (inbox.Inbox.Cleanup, which records what each consumer forgot, see
+//     inbox.Horizon, and never touches a held scope such as a running
+//     online rebuild's);
 //   - ledger and ledger_audit: effects settled before the cutoff
 //     (succeeded, suppressed, and failed_terminal once an operator resolved
 //     them so) with their audit rows. Pending, in-flight, retryable,
@@ -111,7 +113,7 @@ func cleanInbox(ctx context.Context, cfg Config, res *Result) error {
 		return fmt.Errorf("retention: %w", err)
 	}
 	r, err := ib.Cleanup(ctx, cfg.Pool, inbox.CleanupOptions{
-		ChunkSize: cfg.ChunkSize, OlderThan: cfg.OlderThan, MinRetention: cfg.Floor,
+		ChunkSize: cfg.ChunkSize, OlderThan: cfg.OlderThan, Floor: cfg.Floor,
 	})
 	res.add("inbox", r.Deleted)
 	if err != nil {

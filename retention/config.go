@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 )
 
 // Defaults of Config.
@@ -16,8 +17,9 @@ const (
 	// DefaultChunkSize is how many rows one DELETE removes.
 	DefaultChunkSize = 1000
 	// DefaultFloor is the shortest OlderThan accepted unless Config.Floor
-	// says otherwise: seven days. See Config.Floor.
-	DefaultFloor = 7 * 24 * time.Hour
+	// says otherwise: seven days, the inbox's own floor
+	// (inbox.DefaultFloor). See Config.Floor.
+	DefaultFloor = inbox.DefaultFloor
 	// DefaultInterval is how often Run cleans.
 	DefaultInterval = time.Hour
 	// DefaultRoundTimeout bounds one round of Run.
