@@ -14,12 +14,17 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/amqpconn"
 )
 
 // RedriveOptions say which dead-lettered messages Redrive moves back. AMQPURL,
 // Pool and Queue are required; the filters are optional and combine with AND.
 type RedriveOptions struct {
+	// AllowBeyondHorizon moves messages even when they may have lost their
+	// inbox row (see Redrive): the consumer will apply them as new. Only
+	// for messages you know were never applied. Default: false.
+	AllowBeyondHorizon bool
 	// AMQPURL is the broker, amqp://user:password@host:5672/vhost.
 	// Required; the command line reads IDEM_AMQP_URL.
 	AMQPURL string
@@ -66,6 +71,11 @@ type RedriveResult struct {
 	// Marked is how many dead-letter rows were marked redriven. Messages
 	// the broker dead-lettered itself (delivery_limit) have no row.
 	Marked int
+	// Refused is how many matching messages stayed in the dead-letter
+	// queue because they entered it no later than the consumer's inbox
+	// horizon (or when that cannot be told): Redrive then returns an error
+	// wrapping inbox.ErrBeyondHorizon.
+	Refused int
 }
 
 // ErrNotMoved means the broker refused a message Redrive published back
@@ -99,6 +109,16 @@ const brokerTimeout = 30 * time.Second
 // are, in their order. Redrive looks at most at the messages the dead-letter
 // queue held when it started, so it ends even while messages keep arriving.
 //
+// A message that entered the dead-letter queue no later than the newest
+// sighting the consumer's inbox retention forgot (inbox.Inbox.CheckSeen)
+// may have lost the inbox row it would be recognised by; it could be
+// applied a second time. Redrive leaves such a message in the dead-letter
+// queue, counts it in RedriveResult.Refused, moves the others, and returns
+// an error wrapping inbox.ErrBeyondHorizon that names the horizon. The same
+// holds for a message whose consumer (x-idem-consumer, else
+// opts.Consumer) or dead-lettering time cannot be told.
+// opts.AllowBeyondHorizon moves them anyway.
+//
 // Every broker call is bounded in time, and when ctx ends Redrive closes
 // its connection and returns ctx's cause at once: the messages not acked by
 // then stay in the dead-letter queue.
@@ -114,7 +134,8 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	case opts.DeadLetterQueue == opts.Queue:
 		return RedriveResult{}, errors.New("deadletters: redrive: Queue and DeadLetterQueue are the same queue")
 	}
-	if err := opts.Tables.Validate(); err != nil {
+	ib, err := inbox.New(inbox.Config{Tables: opts.Tables})
+	if err != nil {
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
 	}
 	timeout := brokerTimeout
@@ -128,12 +149,18 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	// Closing the connection hands every message still unacked (those that
 	// did not match, or whose move failed) back to the dead-letter queue.
 	defer func() { _ = conn.Close() }()
-	r := &redrive{o: opts, conn: conn, mark: markSQL(opts.Tables)}
+	r := &redrive{o: opts, conn: conn, ib: ib, mark: markSQL(opts.Tables), entry: enteredSQL(opts.Tables)}
 	if err := r.open(); err != nil {
 		return RedriveResult{}, err
 	}
-	err = r.scan(ctx)
-	return r.res, err
+	if err := r.scan(ctx); err != nil {
+		return r.res, err
+	}
+	if r.refused != nil {
+		return r.res, fmt.Errorf("deadletters: redrive: %d messages left in %s, the first: %w",
+			r.res.Refused, opts.DeadLetterQueue, r.refused)
+	}
+	return r.res, nil
 }
 
 // redrive is the state of one Redrive call. Every wait on the broker goes
@@ -144,8 +171,11 @@ type redrive struct {
 	in, out *amqp.Channel
 	returns chan amqp.Return
 	depth   int
+	ib      *inbox.Inbox
 	mark    string
+	entry   string // enteredSQL
 	res     RedriveResult
+	refused error // why the first refused message stayed
 }
 
 // open checks both queues and opens the get and the confirm-mode publish
@@ -217,6 +247,16 @@ func (r *redrive) scan(ctx context.Context) error {
 		}
 		r.res.Scanned++
 		if !r.o.matches(d) {
+			continue
+		}
+		if err := r.beyondHorizon(ctx, d); err != nil {
+			if !errors.Is(err, inbox.ErrBeyondHorizon) {
+				return err
+			}
+			r.res.Refused++
+			if r.refused == nil {
+				r.refused = err
+			}
 			continue
 		}
 		if chunk = append(chunk, d); len(chunk) == redriveChunk {

@@ -37,9 +37,7 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 	cfg.Pool, cfg.Tables = pool, e.tables
 	res, err := retention.Clean(ctx, cfg)
 	if errors.Is(err, retention.ErrBelowFloor) {
-		return fmt.Errorf("refused, nothing deleted: --older-than %s is below the retention floor %s. Rows that young may "+
-			"still be needed to recognise a redelivered or replayed message; pass --floor %s to go lower deliberately",
-			cfg.OlderThan, cfg.Floor, cfg.OlderThan)
+		return belowFloor(cfg.OlderThan, cfg.Floor)
 	}
 	if err != nil && res.Total() == 0 {
 		return err

@@ -18,7 +18,8 @@ func init() {
 
 const deadLettersUsage = `usage:
   idem deadletters list [--consumer C] [--id ID] [--reason R] [--limit N] [--json]
-  idem deadletters redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N] [--operator NAME] [--json]
+  idem deadletters redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N] [--operator NAME]
+                          [--allow-beyond-horizon] [--json]
       moves matching messages from Q.dlq back to Q (broker: --amqp-url, else IDEM_AMQP_URL)`
 
 func runDeadLetters(ctx context.Context, e *env, args []string) error {
@@ -73,6 +74,8 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.Consumer, "consumer", "", "only messages this consumer dead-lettered")
 	fs.IntVar(&o.Limit, "limit", 0, "move at most N messages (default: every matching one)")
 	fs.StringVar(&o.Operator, "operator", currentUser(), "who redrives, recorded on each dead-letter row")
+	fs.BoolVar(&o.AllowBeyondHorizon, "allow-beyond-horizon", false,
+		"also move messages that entered the dead-letter queue before the consumer's inbox horizon: they will be applied as new")
 	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL (default: $IDEM_AMQP_URL)")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
@@ -95,12 +98,16 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	o.Pool, o.Tables = pool, e.tables
 	res, err := deadletters.Redrive(ctx, o)
 	if e.json {
-		if jerr := e.writeJSON(redriveJSON{Scanned: res.Scanned, Moved: res.Moved, Marked: res.Marked}); jerr != nil {
+		if jerr := e.writeJSON(redriveJSON{Scanned: res.Scanned, Moved: res.Moved, Marked: res.Marked, Refused: res.Refused}); jerr != nil {
 			return errors.Join(err, jerr)
 		}
 	} else if err == nil || res.Scanned > 0 {
-		fmt.Fprintf(e.stdout, "moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)\n",
+		fmt.Fprintf(e.stdout, "moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)",
 			res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
+		if res.Refused > 0 {
+			fmt.Fprintf(e.stdout, "; %d left beyond the inbox horizon", res.Refused)
+		}
+		fmt.Fprintln(e.stdout)
 	}
 	if err != nil {
 		return fmt.Errorf("%w; what was not moved is still in %s", err, dlqName(o))
@@ -152,4 +159,5 @@ type redriveJSON struct {
 	Scanned int `json:"scanned"`
 	Moved   int `json:"moved"`
 	Marked  int `json:"marked"`
+	Refused int `json:"refused"`
 }

@@ -15,19 +15,21 @@ import (
 
 func init() {
 	register(command{name: "inbox", summary: "show an inbox row, per-consumer stats, or clean up expired rows",
-		subcommands: []string{"show", "stats", "cleanup"}, run: runInbox})
+		subcommands: []string{"show", "stats", "horizon", "cleanup"}, run: runInbox})
 }
 
 const inboxUsage = `usage:
   idem inbox show --consumer C --id ID [--json]   print one row (exit 1 when absent)
   idem inbox stats [--json]                       rows, oldest and newest per consumer
-  idem inbox cleanup --older-than 168h [--consumer C] [--chunk-size N]
+  idem inbox horizon --consumer C [--json]       what retention made C forget, per source
+  idem inbox cleanup --older-than 168h [--floor D] [--consumer C] [--chunk-size N]
                                                   the inbox alone (idem cleanup cleans every table)`
 
 func runInbox(ctx context.Context, e *env, args []string) error {
 	return group(e, inboxUsage, args, map[string]func([]string) error{
 		"show":    func(args []string) error { return inboxShow(ctx, e, args) },
 		"stats":   func(args []string) error { return inboxStats(ctx, e, args) },
+		"horizon": func(args []string) error { return inboxHorizon(ctx, e, args) },
 		"cleanup": func(args []string) error { return inboxCleanup(ctx, e, args) },
 	})
 }
@@ -71,12 +73,10 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	}
 	if e.json {
 		return e.writeJSON(inboxRecordJSON{Consumer: r.Consumer, MessageID: r.MessageID, PayloadHash: r.PayloadHash.String(),
-			BusinessKey: r.BusinessKey, Source: r.Source, StreamOffset: r.StreamOffset, ReceivedAt: r.ReceivedAt.UTC()})
+			BusinessKey: r.BusinessKey, Source: r.Source, StreamOffset: r.StreamOffset, ReceivedAt: r.ReceivedAt.UTC(),
+			SeenAt: utc(r.SeenAt), SeenOffset: r.SeenOffset})
 	}
-	offset := "-"
-	if r.StreamOffset != nil {
-		offset = strconv.FormatInt(*r.StreamOffset, 10)
-	}
+	offset := offsetOrDash(r.StreamOffset)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	for _, kv := range [][2]string{
 		{"consumer", r.Consumer},
@@ -86,6 +86,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 		{"source", orDash(r.Source)},
 		{"stream_offset", offset},
 		{"received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano)},
+		{"seen_at", timeOrDash(r.SeenAt)},
+		{"seen_offset", offsetOrDash(r.SeenOffset)},
 	} {
 		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
 	}
@@ -122,7 +124,9 @@ func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox cleanup")
 	var opts inbox.CleanupOptions
 	fs.DurationVar(&opts.OlderThan, "older-than", 0,
-		"delete rows received longer ago than this (required; at least 72h; longer than any redelivery or replay horizon)")
+		"delete rows whose message was last seen longer ago than this (required; at least the floor)")
+	fs.DurationVar(&opts.Floor, "floor", inbox.DefaultFloor,
+		"the shortest --older-than accepted: how long a message may still come back or be replayed")
 	fs.StringVar(&opts.Consumer, "consumer", "", "only this consumer's rows (default: all consumers)")
 	fs.IntVar(&opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, "rows per DELETE, each its own transaction")
 	if err := e.parse(fs, args); err != nil {
@@ -137,11 +141,73 @@ func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	}
 	defer pool.Close()
 	res, err := ib.Cleanup(ctx, pool, opts)
+	if errors.Is(err, inbox.ErrRetentionTooShort) {
+		return belowFloor(opts.OlderThan, opts.Floor)
+	}
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
 	return nil
+}
+
+func inboxHorizon(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("inbox horizon")
+	consumer := fs.String("consumer", "", "consumer name (required)")
+	e.jsonFlag(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if *consumer == "" || fs.NArg() > 0 {
+		return fmt.Errorf("%w: want --consumer C and no arguments", errUsage)
+	}
+	ib, pool, err := openInbox(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	hs, err := ib.Horizons(ctx, pool, *consumer)
+	if err != nil {
+		return err
+	}
+	return printRows(e, hs,
+		func(h inbox.Horizon) horizonJSON {
+			return horizonJSON{Consumer: h.Consumer, Source: h.Source, Offset: h.Offset, SeenAt: h.SeenAt.UTC(), UpdatedAt: h.UpdatedAt.UTC()}
+		},
+		"SOURCE\tFORGOTTEN_OFFSET\tFORGOTTEN_SEEN_AT\tUPDATED_AT",
+		func(h inbox.Horizon) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s", h.Source, offsetOrDash(h.Offset),
+				h.SeenAt.UTC().Format(time.RFC3339Nano), h.UpdatedAt.UTC().Format(time.RFC3339))
+		})
+}
+
+// belowFloor is the refusal of a cleanup below the retention floor.
+func belowFloor(olderThan, floor time.Duration) error {
+	return fmt.Errorf("refused, nothing deleted: --older-than %s is below the retention floor %s. Rows that young may "+
+		"still be needed to recognise a redelivered or replayed message; pass --floor %s to go lower deliberately",
+		olderThan, floor, olderThan)
+}
+
+func offsetOrDash(o *int64) string {
+	if o == nil {
+		return "-"
+	}
+	return strconv.FormatInt(*o, 10)
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 func orDash(s string) string {
@@ -153,13 +219,15 @@ func orDash(s string) string {
 
 // inboxRecordJSON is `idem inbox show --json`.
 type inboxRecordJSON struct {
-	Consumer     string    `json:"consumer"`
-	MessageID    string    `json:"message_id"`
-	PayloadHash  string    `json:"payload_hash"`
-	BusinessKey  string    `json:"business_key"`
-	Source       string    `json:"source"`
-	StreamOffset *int64    `json:"stream_offset"`
-	ReceivedAt   time.Time `json:"received_at"`
+	Consumer     string     `json:"consumer"`
+	MessageID    string     `json:"message_id"`
+	PayloadHash  string     `json:"payload_hash"`
+	BusinessKey  string     `json:"business_key"`
+	Source       string     `json:"source"`
+	StreamOffset *int64     `json:"stream_offset"`
+	ReceivedAt   time.Time  `json:"received_at"`
+	SeenAt       *time.Time `json:"seen_at"`
+	SeenOffset   *int64     `json:"seen_offset"`
 }
 
 // inboxStatsJSON is one element of `idem inbox stats --json`.
@@ -168,4 +236,13 @@ type inboxStatsJSON struct {
 	Rows     int64     `json:"rows"`
 	Oldest   time.Time `json:"oldest"`
 	Newest   time.Time `json:"newest"`
+}
+
+// horizonJSON is one element of `idem inbox horizon --json`.
+type horizonJSON struct {
+	Consumer  string    `json:"consumer"`
+	Source    string    `json:"source"`
+	Offset    *int64    `json:"forgotten_offset"`
+	SeenAt    time.Time `json:"forgotten_seen_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }

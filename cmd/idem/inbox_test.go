@@ -116,3 +116,41 @@ func TestInboxCommandWantsASubcommand(t *testing.T) {
 	require.Equal(t, 2, run(context.Background(), []string{"inbox", "purge"}, &out, &errOut))
 	require.Contains(t, errOut.String(), `unknown subcommand "purge"`)
 }
+
+// `idem inbox cleanup` has the same floor as `idem cleanup`: a row younger
+// than the floor may still be needed to recognise a redelivered message.
+// What a cleanup forgets shows in `idem inbox horizon`.
+func TestInboxCleanupHasTheRetentionFloorAndRecordsTheHorizon(t *testing.T) {
+	t.Parallel()
+	pool, tables := testdb.Schema(t)
+	ctx := context.Background()
+	ib, err := inbox.New(inbox.Config{Tables: tables})
+	require.NoError(t, err)
+	off := int64(41)
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ib.Claim(ctx, tx, inbox.Claim{Consumer: "a", MessageID: "m", PayloadHash: idem.HashBytes([]byte("m")),
+			Source: "s", StreamOffset: &off})
+		return err
+	}))
+	_, err = pool.Exec(ctx, "UPDATE "+tables.Table("inbox")+" SET received_at = now() - interval '5 days'")
+	require.NoError(t, err)
+
+	for _, cmd := range [][]string{{"inbox", "cleanup"}, {"cleanup"}} {
+		_, stderr, code := runInboxCmd(t, tables, append(cmd, "--older-than", "72h")...)
+		require.Equal(t, 1, code, "%v: 72h is below the 7-day floor", cmd)
+		require.Contains(t, stderr, "below the retention floor 168h0m0s")
+	}
+	_, err = ib.Lookup(ctx, pool, "a", "m")
+	require.NoError(t, err, "nothing deleted")
+
+	out, stderr, code := runInboxCmd(t, tables, "inbox", "horizon", "--consumer", "a")
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, 1, strings.Count(out, "\n"), "the header only: nothing forgotten")
+
+	out, stderr, code = runInboxCmd(t, tables, "inbox", "cleanup", "--older-than", "72h", "--floor", "72h")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "deleted 1 rows")
+	out, stderr, code = runInboxCmd(t, tables, "inbox", "horizon", "--consumer", "a", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, `"forgotten_offset": 41`)
+}

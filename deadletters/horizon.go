@@ -1,0 +1,90 @@
+package deadletters
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
+)
+
+// A message that sat in the dead-letter queue longer than the consumer's
+// inbox retention may have lost the row it would be recognised by: a
+// payload conflict whose original was applied, a copy of a message
+// processed meanwhile. Redrive asks the consumer's inbox horizon
+// (inbox.Inbox.CheckSeen) with the time the message entered the dead-letter
+// queue, and leaves in the queue every message that entered it no later
+// than the newest sighting retention forgot.
+
+// enteredSQL is when the dead-letter row that marks a message (the row
+// markSQL would mark) was written.
+func enteredSQL(t idem.Tables) string {
+	return `SELECT dead_lettered_at FROM ` + t.WithDefaults().Table("dead_letters") + `
+WHERE consumer = $1 AND payload_hash = $2 AND ($3::text IS NULL OR reason = $3::text) AND redriven_at IS NULL
+ORDER BY id LIMIT 1`
+}
+
+// beyondHorizon returns an error wrapping inbox.ErrBeyondHorizon when d
+// could come back without its inbox row, or when the consumer or the time
+// it entered the dead-letter queue cannot be known, which leaves the
+// question open; nil when it may go back.
+func (r *redrive) beyondHorizon(ctx context.Context, d amqp.Delivery) error {
+	if r.o.AllowBeyondHorizon {
+		return nil
+	}
+	consumer, _ := d.Headers[headerConsumer].(string)
+	if consumer == "" {
+		consumer = r.o.Consumer
+	}
+	if consumer == "" {
+		return fmt.Errorf("%w: message %q names no consumer (x-idem-consumer): pass the consumer (--consumer) to check its inbox horizon",
+			inbox.ErrBeyondHorizon, d.MessageId)
+	}
+	at, err := r.entered(ctx, consumer, d)
+	if err != nil {
+		return err
+	}
+	if err := r.ib.CheckSeen(ctx, r.o.Pool, consumer, at); err != nil {
+		return fmt.Errorf("message %q entered %s at %s: %w", d.MessageId, r.o.DeadLetterQueue,
+			at.UTC().Format(time.RFC3339), err)
+	}
+	return nil
+}
+
+// entered returns when d entered the dead-letter queue: its dead-letter
+// row's time, or for a message the broker dead-lettered itself the time of
+// its x-death entry.
+func (r *redrive) entered(ctx context.Context, consumer string, d amqp.Delivery) (time.Time, error) {
+	hexHash, _ := d.Headers[headerPayloadHash].(string)
+	if hash, err := hex.DecodeString(hexHash); err == nil && len(hash) == len(idem.Hash{}) {
+		var why *string
+		if s, ok := d.Headers[headerReason].(string); ok {
+			why = &s
+		}
+		var at time.Time
+		err := r.o.Pool.QueryRow(ctx, r.entry, consumer, hash, why).Scan(&at)
+		switch {
+		case err == nil:
+			return at, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return time.Time{}, fmt.Errorf("deadletters: redrive: read the dead-letter row of %q: %w", d.MessageId, err)
+		}
+	}
+	if deaths, ok := d.Headers["x-death"].([]any); ok {
+		for _, death := range deaths {
+			if t, ok := death.(amqp.Table); ok {
+				if at, ok := t["time"].(time.Time); ok {
+					return at, nil
+				}
+			}
+		}
+	}
+	return time.Time{}, fmt.Errorf("%w: message %q carries no dead-letter row nor x-death time: when it entered %s is unknown",
+		inbox.ErrBeyondHorizon, d.MessageId, r.o.DeadLetterQueue)
+}
