@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemkit/idem/retention"
@@ -54,12 +53,12 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 		}
 		return err
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "TABLE\tDELETED\t(older than %s: before %s)\n", cfg.OlderThan, res.Cutoff.UTC().Format(time.RFC3339))
+	t := e.table()
+	t.row("TABLE", "DELETED", fmt.Sprintf("(older than %s: before %s)", cfg.OlderThan, res.Cutoff.UTC().Format(time.RFC3339)))
 	for _, c := range res.Counts {
-		fmt.Fprintf(w, "%s\t%d\n", e.tables.WithDefaults().Prefix+c.Table, c.Deleted)
+		t.row(e.tables.WithDefaults().Prefix+c.Table, c.Deleted)
 	}
-	if ferr := w.Flush(); ferr != nil {
+	if ferr := t.flush(); ferr != nil {
 		return errors.Join(err, ferr)
 	}
 	return err

@@ -50,7 +50,7 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	}
 	return printRows(e, rows, newDeadLetterJSON,
 		"ID\tAT\tCONSUMER\tMESSAGE ID\tREASON\tATTEMPTS\tSOURCE\tPAYLOAD HASH\tREDRIVEN\tERROR",
-		func(d deadletters.Record) string {
+		func(d deadletters.Record) []any {
 			redriven := "-"
 			if !d.RedrivenAt.IsZero() {
 				redriven = d.RedrivenAt.UTC().Format(time.RFC3339)
@@ -58,8 +58,8 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 					redriven += " by " + d.RedrivenBy
 				}
 			}
-			return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s", d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer,
-				d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80))
+			return []any{d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer, d.MessageID, d.Reason, d.Attempts, d.Source,
+				d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80)}
 		})
 }
 
@@ -99,7 +99,7 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 			return errors.Join(err, jerr)
 		}
 	} else if err == nil || res.Scanned > 0 {
-		fmt.Fprintf(e.stdout, "moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)\n",
+		e.printf("moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)\n",
 			res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
 	}
 	if err != nil {

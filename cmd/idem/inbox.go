@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -77,19 +76,15 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	if r.StreamOffset != nil {
 		offset = strconv.FormatInt(*r.StreamOffset, 10)
 	}
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	for _, kv := range [][2]string{
-		{"consumer", r.Consumer},
-		{"message_id", r.MessageID},
-		{"payload_hash", r.PayloadHash.String()},
-		{"business_key", orDash(r.BusinessKey)},
-		{"source", orDash(r.Source)},
-		{"stream_offset", offset},
-		{"received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano)},
-	} {
-		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
-	}
-	return tw.Flush()
+	t := e.table()
+	t.row("consumer", r.Consumer)
+	t.row("message_id", r.MessageID)
+	t.row("payload_hash", r.PayloadHash)
+	t.row("business_key", orDash(r.BusinessKey))
+	t.row("source", orDash(r.Source))
+	t.row("stream_offset", offset)
+	t.row("received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano))
+	return t.flush()
 }
 
 func inboxStats(ctx context.Context, e *env, args []string) error {
@@ -112,9 +107,8 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 			return inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
 		},
 		"CONSUMER\tROWS\tOLDEST\tNEWEST",
-		func(s inbox.ConsumerStats) string {
-			return fmt.Sprintf("%s\t%d\t%s\t%s", s.Consumer, s.Rows,
-				s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
+		func(s inbox.ConsumerStats) []any {
+			return []any{s.Consumer, s.Rows, s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339)}
 		})
 }
 
@@ -140,7 +134,7 @@ func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
+	e.printf("deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
 	return nil
 }
 

@@ -7,10 +7,10 @@ import (
 	"os"
 	"os/user"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -85,9 +85,9 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	return printRows(e, entries, newEntryJSON, "EFFECT_ID\tTYPE\tSTATUS\tATTEMPTS\tCREATED\tLAST_ERROR",
-		func(en ledger.Entry) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s", en.ID, en.Type, en.Status, en.AttemptCount,
-				en.CreatedAt.UTC().Format(time.RFC3339), oneLine(en.LastError, 60))
+		func(en ledger.Entry) []any {
+			return []any{en.ID, en.Type, en.Status, en.AttemptCount, en.CreatedAt.UTC().Format(time.RFC3339),
+				oneLine(en.LastError, 60)}
 		})
 }
 
@@ -114,33 +114,32 @@ func ledgerShow(ctx context.Context, e *env, args []string) error {
 	if e.json {
 		return e.writeJSON(newEffectJSON(en, history))
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
-	row("effect_id", en.ID)
-	row("effect_type", en.Type)
-	row("status", string(en.Status))
-	row("business_key", en.BusinessKey)
-	row("target", en.Target)
-	row("consumer", en.Consumer)
-	row("message_id", en.MessageID)
-	row("idempotency_key", en.IdempotencyKey)
-	row("attempt_count", fmt.Sprint(en.AttemptCount))
-	row("next_attempt_at", stamp(en.NextAttemptAt))
-	row("locked_until", stamp(en.LockedUntil))
-	row("lock_owner", en.LockOwner)
-	row("last_error", oneLine(en.LastError, 200))
-	row("created_at", stamp(en.CreatedAt))
-	row("completed_at", stamp(en.CompletedAt))
-	row("request_hash", en.RequestHash.String())
-	row("request", printable(en.Request))
+	t := e.table()
+	t.row("effect_id", en.ID)
+	t.row("effect_type", en.Type)
+	t.row("status", en.Status)
+	t.row("business_key", en.BusinessKey)
+	t.row("target", en.Target)
+	t.row("consumer", en.Consumer)
+	t.row("message_id", en.MessageID)
+	t.row("idempotency_key", en.IdempotencyKey)
+	t.row("attempt_count", en.AttemptCount)
+	t.row("next_attempt_at", stamp(en.NextAttemptAt))
+	t.row("locked_until", stamp(en.LockedUntil))
+	t.row("lock_owner", en.LockOwner)
+	t.row("last_error", oneLine(en.LastError, 200))
+	t.row("created_at", stamp(en.CreatedAt))
+	t.row("completed_at", stamp(en.CompletedAt))
+	t.row("request_hash", en.RequestHash)
+	t.row("request", printable(en.Request))
 	if !en.ResponseHash.IsZero() {
-		row("response_hash", en.ResponseHash.String())
-		row("response", printable(en.Response))
+		t.row("response_hash", en.ResponseHash)
+		t.row("response", printable(en.Response))
 	}
 	for _, h := range history {
-		row("resolved", fmt.Sprintf("%s by %s: %s -> %s: %s", stamp(h.At), h.Operator, h.From, h.To, h.Reason))
+		t.row("resolved", fmt.Sprintf("%s by %s: %s -> %s: %s", stamp(h.At), h.Operator, h.From, h.To, h.Reason))
 	}
-	return w.Flush()
+	return t.flush()
 }
 
 func ledgerResolve(ctx context.Context, e *env, args []string) error {
@@ -172,7 +171,7 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "effect %s is now %s (audited as %s)\n", en.ID, en.Status, *operator)
+	e.printf("effect %s is now %s (audited as %s)\n", en.ID, en.Status, *operator)
 	return nil
 }
 
@@ -198,12 +197,12 @@ func ledgerStats(ctx context.Context, e *env, args []string) error {
 		}
 		return e.writeJSON(ledgerStatsJSON{Counts: counts, OldestDueSeconds: s.OldestDue.Seconds()})
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	t := e.table()
 	for _, st := range ledger.Statuses {
-		fmt.Fprintf(w, "%s\t%d\n", st, s.Counts[st])
+		t.row(st, s.Counts[st])
 	}
-	fmt.Fprintf(w, "oldest_due_age\t%s\n", s.OldestDue.Round(time.Millisecond))
-	return w.Flush()
+	t.row("oldest_due_age", s.OldestDue.Round(time.Millisecond))
+	return t.flush()
 }
 
 func currentUser() string {
@@ -221,11 +220,7 @@ func stamp(t time.Time) string {
 }
 
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return safetext.Abbreviate(strings.Join(strings.Fields(s), " "), n)
 }
 
 // printable shows b as text when it is, and as hex otherwise.

@@ -15,12 +15,16 @@
 // PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, …); the broker, for redrive, is
 // --amqp-url, else IDEM_AMQP_URL.
 //
+// Tables and messages show what is not printable escaped, as Go writes it
+// (\x1b, \u202e, \x0a): ids, reasons and errors come from producers and
+// handlers and can neither steer the terminal nor forge a row. --json
+// prints the text as stored.
+//
 // Exit codes: 0 success (and --help), 1 failure, 2 bad usage.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,12 +35,12 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/safetext"
 )
 
 // command is one `idem NAME …` command. Files in this package register
@@ -129,13 +133,6 @@ func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// writeJSON prints v as indented JSON.
-func (e *env) writeJSON(v any) error {
-	enc := json.NewEncoder(e.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 // parseNoArgs parses args with fs and refuses positional arguments.
 func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) error {
 	if err := e.parse(fs, args); err != nil {
@@ -145,25 +142,6 @@ func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) error {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	return nil
-}
-
-// printRows prints the rows of a list command: a JSON array of asJSON's
-// values with --json, else a table of header and one tab-separated line
-// per row.
-func printRows[R, J any](e *env, rows []R, asJSON func(R) J, header string, line func(R) string) error {
-	if e.json {
-		out := make([]J, len(rows))
-		for i, r := range rows {
-			out[i] = asJSON(r)
-		}
-		return e.writeJSON(out)
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, header)
-	for _, r := range rows {
-		fmt.Fprintln(w, line(r))
-	}
-	return w.Flush()
 }
 
 func main() {
@@ -209,10 +187,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(stderr, "idem %s: %v\n", c.name, err)
+		fmt.Fprintf(stderr, "idem %s: %s\n", c.name, safetext.Display(err.Error()))
 		return 2
 	}
-	fmt.Fprintf(stderr, "idem %s: %v\n", c.name, explain(err, e.tables))
+	fmt.Fprintf(stderr, "idem %s: %s\n", c.name, safetext.Display(explain(err, e.tables).Error()))
 	return 1
 }
 

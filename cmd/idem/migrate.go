@@ -38,9 +38,9 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if len(res.Applied) == 0 {
-		fmt.Fprintf(e.stdout, "schema %s is up to date at version %d\n", e.tables.Schema, res.Current)
+		e.printf("schema %s is up to date at version %d\n", e.tables.Schema, res.Current)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "schema %s: applied %v, now at version %d\n", e.tables.Schema, res.Applied, res.Current)
+	e.printf("schema %s: applied %v, now at version %d\n", e.tables.Schema, res.Applied, res.Current)
 	return nil
 }
