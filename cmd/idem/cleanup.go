@@ -16,17 +16,17 @@ func init() {
 func runCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("cleanup")
 	var cfg retention.Config
-	fs.DurationVar(&cfg.OlderThan, "older-than", 0,
-		"delete rows older than this (required; at least the floor): settled effects, dead letters, finished replay runs, inbox rows")
-	fs.DurationVar(&cfg.Floor, "floor", retention.DefaultFloor,
-		"the shortest --older-than accepted: how long a message may still come back or be replayed")
-	fs.IntVar(&cfg.ChunkSize, "chunk-size", retention.DefaultChunkSize, "rows per DELETE, each its own transaction")
+	durationFlag(fs, &cfg.OlderThan, "older-than", 0, 1,
+		"delete rows older than `D` (required; at least the floor): settled effects, dead letters, finished replay runs, inbox rows")
+	durationFlag(fs, &cfg.Floor, "floor", retention.DefaultFloor, 0,
+		"the shortest `D` --older-than accepts: how long a message may still come back or be replayed")
+	intFlag(fs, &cfg.ChunkSize, "chunk-size", retention.DefaultChunkSize, 1, "`N` rows per DELETE, each its own transaction")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if cfg.OlderThan <= 0 || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --older-than DURATION (e.g. 720h) and no arguments", errUsage)
+	if cfg.OlderThan == 0 {
+		return fmt.Errorf("%w: want --older-than DURATION (e.g. 720h)", errUsage)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {

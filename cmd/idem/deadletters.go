@@ -34,9 +34,9 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer")
 	fs.StringVar(&f.MessageID, "id", "", "only this message id")
 	fs.StringVar(&f.Reason, "reason", "", "only this reason (payload_conflict, max_attempts, …)")
-	fs.IntVar(&f.Limit, "limit", 50, "newest N")
+	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N`")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	pool, err := e.pool(ctx)
@@ -71,15 +71,15 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.Reason, "reason", "", "only messages dead-lettered for this reason")
 	fs.StringVar(&o.MessageID, "id", "", "only the message with this message id")
 	fs.StringVar(&o.Consumer, "consumer", "", "only messages this consumer dead-lettered")
-	fs.IntVar(&o.Limit, "limit", 0, "move at most N messages (default: every matching one)")
+	intFlag(fs, &o.Limit, "limit", 0, 0, "move at most `N` messages (default: every matching one)")
 	fs.StringVar(&o.Operator, "operator", currentUser(), "who redrives, recorded on each dead-letter row")
 	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL (default: $IDEM_AMQP_URL)")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if o.Queue == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --queue Q and no arguments", errUsage)
+	if o.Queue == "" {
+		return fmt.Errorf("%w: want --queue Q", errUsage)
 	}
 	if o.AMQPURL = *amqpURL; o.AMQPURL == "" {
 		o.AMQPURL = os.Getenv("IDEM_AMQP_URL")

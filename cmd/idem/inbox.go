@@ -53,8 +53,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || *id == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --consumer C --id ID and no arguments", errUsage)
+	if *consumer == "" || *id == "" {
+		return fmt.Errorf("%w: want --consumer C --id ID", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {
@@ -90,7 +90,7 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 func inboxStats(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox stats")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	ib, pool, err := openInbox(ctx, e)
@@ -115,15 +115,15 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox cleanup")
 	var opts inbox.CleanupOptions
-	fs.DurationVar(&opts.OlderThan, "older-than", 0,
-		"delete rows received longer ago than this (required; at least 72h; longer than any redelivery or replay horizon)")
+	durationFlag(fs, &opts.OlderThan, "older-than", 0, 1,
+		"delete rows received longer ago than `D` (required; at least 72h; longer than any redelivery or replay horizon)")
 	fs.StringVar(&opts.Consumer, "consumer", "", "only this consumer's rows (default: all consumers)")
-	fs.IntVar(&opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, "rows per DELETE, each its own transaction")
+	intFlag(fs, &opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, 1, "`N` rows per DELETE, each its own transaction")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if opts.OlderThan == 0 || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --older-than DURATION (e.g. 168h) and no arguments", errUsage)
+	if opts.OlderThan == 0 {
+		return fmt.Errorf("%w: want --older-than DURATION (e.g. 168h)", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {

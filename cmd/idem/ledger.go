@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/user"
@@ -34,24 +33,6 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	})
 }
 
-// parseWithID parses flags that may come before or after one positional ID.
-func parseWithID(e *env, fs *flag.FlagSet, args []string) (string, error) {
-	if err := e.parse(fs, args); err != nil {
-		return "", err
-	}
-	if fs.NArg() == 0 {
-		return "", fmt.Errorf("%w: missing effect ID", errUsage)
-	}
-	id := fs.Arg(0)
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		return "", err
-	}
-	if fs.NArg() > 0 {
-		return "", fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return id, nil
-}
-
 // openLedger connects and returns the ledger and a function closing the pool.
 func openLedger(ctx context.Context, e *env) (*ledger.Ledger, func(), error) {
 	pool, err := e.pool(ctx)
@@ -70,17 +51,21 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger list")
 	st := fs.String("status", "", "only effects in this status (pending, in_flight, succeeded, failed_retryable, failed_terminal, unknown, suppressed)")
 	typ := fs.String("type", "", "only effects of this type")
-	limit := fs.Int("limit", 100, "most effects to list")
+	var limit int
+	intFlag(fs, &limit, "limit", 100, 1, "list at most `N` effects")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
+	}
+	if *st != "" && !ledger.Status(*st).Valid() {
+		return fmt.Errorf("%w: --status %q is not one of %v", errUsage, *st, ledger.Statuses)
 	}
 	l, done, err := openLedger(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer done()
-	entries, err := l.List(ctx, ledger.Filter{Status: ledger.Status(*st), Type: *typ, Limit: *limit})
+	entries, err := l.List(ctx, ledger.Filter{Status: ledger.Status(*st), Type: *typ, Limit: limit})
 	if err != nil {
 		return err
 	}
@@ -94,8 +79,8 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 func ledgerShow(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger show")
 	e.jsonFlag(fs)
-	id, err := parseWithID(e, fs, args)
-	if err != nil {
+	var id string
+	if err := e.parse(fs, args, &id); err != nil {
 		return err
 	}
 	l, done, err := openLedger(ctx, e)
@@ -147,8 +132,8 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 	as := fs.String("as", "", "succeeded (it happened), failed (it did not; never try again) or retry (send again, same idempotency key)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	operator := fs.String("operator", currentUser(), "who decides (default: the OS user)")
-	id, err := parseWithID(e, fs, args)
-	if err != nil {
+	var id string
+	if err := e.parse(fs, args, &id); err != nil {
 		return err
 	}
 	to, ok := map[string]ledger.Status{

@@ -10,7 +10,8 @@
 //	idem cleanup --older-than 720h [--floor D]
 //
 // Every command takes --schema S and --prefix P (where idem's tables are),
-// and --help. List, show and stats commands take --json. The database is
+// and --help. List, show and stats commands take --json. Flags go before or
+// after the arguments (idem ledger show ID --json); -- ends the flags. The database is
 // --pg-url, else IDEM_PG_URL, else the libpq environment (PGHOST, PGPORT,
 // PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, …); the broker, for redrive, is
 // --amqp-url, else IDEM_AMQP_URL.
@@ -20,7 +21,9 @@
 // handlers and can neither steer the terminal nor forge a row. --json
 // prints the text as stored.
 //
-// Exit codes: 0 success (and --help), 1 failure, 2 bad usage.
+// Exit codes: 0 success (and --help), 1 failure, 2 bad usage (an unknown
+// command, subcommand or flag, a bad flag value such as --limit -1, a
+// missing required flag, a missing or extra argument).
 package main
 
 import (
@@ -85,15 +88,6 @@ func (e *env) jsonFlag(fs *flag.FlagSet) {
 	fs.BoolVar(&e.json, "json", false, "print JSON instead of a table")
 }
 
-// parse parses args with fs; a help flag prints the usage to stdout (and
-// parse returns flag.ErrHelp, which exits 0).
-func (e *env) parse(fs *flag.FlagSet, args []string) error {
-	if wantsHelp(args) {
-		fs.SetOutput(e.stdout)
-	}
-	return fs.Parse(args)
-}
-
 // wantsHelp reports whether args ask for help before any "--".
 func wantsHelp(args []string) bool {
 	for _, a := range args {
@@ -110,9 +104,6 @@ func wantsHelp(args []string) bool {
 // pool connects to the database named by --pg-url, IDEM_PG_URL or the
 // libpq environment, in that order.
 func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	if err := e.tables.Validate(); err != nil {
-		return nil, err
-	}
 	url := e.pgURL
 	if url == "" {
 		url = e.pgEnv
@@ -133,17 +124,6 @@ func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// parseNoArgs parses args with fs and refuses positional arguments.
-func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) error {
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return nil
-}
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -151,7 +131,8 @@ func main() {
 	os.Exit(code)
 }
 
-// errUsage marks errors that should print the usage text; exit code 2.
+// errUsage marks bad usage: an unknown command, subcommand or flag, a bad
+// flag value, a missing or extra argument. It exits 2.
 var errUsage = errors.New("usage")
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

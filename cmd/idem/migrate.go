@@ -17,9 +17,6 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
 	if *printSQL {
 		sql, err := migrate.SQL(e.tables)
 		if err != nil {

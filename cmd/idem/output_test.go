@@ -68,7 +68,7 @@ func TestTextOutputEscapesWhatCouldSteerTheTerminal(t *testing.T) {
 		}
 	}
 	// Errors quote what they were given, escaped as well.
-	for _, args := range [][]string{{"ledger", "show", hostile + "x"},
+	for _, args := range [][]string{{"replay", "abandon", hostile}, {"ledger", "show", hostile + "x"},
 		{"inbox", "show", "--consumer", "c", "--id", hostile}} {
 		out, stderr, code := f.cmd(args...)
 		require.Equal(t, 1, code, "%q: %q", args, stderr)

@@ -29,21 +29,19 @@ func runReplay(ctx context.Context, e *env, args []string) error {
 // are dropped, the live projection is untouched.
 func replayAbandon(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("replay abandon")
-	if err := e.parse(fs, args); err != nil {
+	var runID string
+	if err := e.parse(fs, args, &runID); err != nil {
 		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: want one run id", errUsage)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := replay.Abandon(ctx, pool, e.tables, fs.Arg(0)); err != nil {
+	if err := replay.Abandon(ctx, pool, e.tables, runID); err != nil {
 		return err
 	}
-	e.printf("run %s abandoned: its shadow tables are dropped\n", fs.Arg(0))
+	e.printf("run %s abandoned: its shadow tables are dropped\n", runID)
 	return nil
 }
 
@@ -51,9 +49,9 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("replay runs")
 	var f replay.RunFilter
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer's runs")
-	fs.IntVar(&f.Limit, "limit", 50, "newest N")
+	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N`")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	pool, err := e.pool(ctx)
