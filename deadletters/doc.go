@@ -38,20 +38,28 @@
 // operator can still read its past. The original route
 // (x-idem-original-exchange and -routing-key) stays on the message.
 //
-// # Never lost
+// # Never lost, kept in order
 //
-// Redrive publishes with publisher confirms and the mandatory flag, marks
-// the dead-letter row (redriven_at, redriven_by), and only then acks the
-// message in the dead-letter queue. A refused publish, a failure or a crash
-// at any point leaves the message in the dead-letter queue (at worst with a
-// copy already in the queue, which the consumer's inbox recognises as a
-// duplicate). Messages that do not match are left unacked while Redrive
-// runs and go back to the dead-letter queue in their order when it ends;
-// Redrive looks at most at the messages the queue held when it started.
+// Redrive takes the messages from the head of the dead-letter queue, at
+// most as many as it held when Redrive started. It publishes a copy of
+// each, with publisher confirms and the mandatory flag: a matching message
+// to the queue, any other back to the dead-letter queue's tail as it is.
+// It marks the dead-letter rows of the moved ones (redriven_at,
+// redriven_by), and only then acks the messages it took. A refused publish,
+// a failure or a crash at any point leaves the message in the dead-letter
+// queue (at worst with a copy already in the queue or at the tail, which
+// the consumer's inbox recognises as a duplicate).
 //
-// On RabbitMQ 4 a quorum dead-letter queue counts every message handed back
-// towards its delivery limit (20 by default) and drops a message past it
-// when it has no dead-letter target of its own: give dead-letter queues
-// no delivery limit (a policy with delivery-limit -1) before redriving
-// selectively again and again.
+// Once Redrive went through, the messages it kept are in their order, and
+// none was handed back to the queue, so none counts one more delivery (a
+// quorum queue's x-delivery-count). A message dead-lettered while Redrive
+// runs is not looked at; it stays behind the kept messages taken before it
+// arrived and ahead of those taken after. A Redrive that fails midway
+// leaves the messages it put back so far behind those it had not reached.
+//
+// Only a Redrive that fails or is cancelled hands messages back: the few it
+// held at that moment, which a quorum queue counts as delivered once more.
+// On RabbitMQ 4 a quorum queue drops a message past its delivery limit (20
+// by default) when it has no dead-letter target of its own: give
+// dead-letter queues no delivery limit (a policy with delivery-limit -1).
 package deadletters

@@ -36,12 +36,26 @@ func newEnv(t *testing.T) *env {
 }
 
 // declare declares the queue with args and an empty classic dead-letter queue.
-func (e *env) declare(args amqp.Table) {
+func (e *env) declare(args amqp.Table) { e.declareTyped(args, "classic") }
+
+// declareTyped declares the queue with args and an empty dead-letter queue
+// of queueType ("classic" or "quorum", as the consumer declares it).
+func (e *env) declareTyped(args amqp.Table, queueType string) {
 	e.t.Helper()
 	_, err := e.ch.QueueDeclare(e.queue, true, false, false, false, args)
 	require.NoError(e.t, err)
-	_, err = e.ch.QueueDeclare(e.queue+".dlq", true, false, false, false, nil)
+	_, err = e.ch.QueueDeclare(e.queue+".dlq", true, false, false, false, amqp.Table{"x-queue-type": queueType})
 	require.NoError(e.t, err)
+}
+
+// holds waits until q holds n ready messages: a publish without confirms
+// may not be enqueued yet when the next call starts.
+func (e *env) holds(q string, n int) {
+	e.t.Helper()
+	require.Eventually(e.t, func() bool {
+		info, err := e.ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err == nil && info.Messages == n
+	}, 15*time.Second, 20*time.Millisecond, "%s holds %d messages", q, n)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -63,7 +63,8 @@ type RedriveOptions struct {
 
 // RedriveResult says what Redrive did.
 type RedriveResult struct {
-	// Scanned is how many dead-letter queue messages were looked at.
+	// Scanned is how many dead-letter queue messages were looked at. Those
+	// not moved were put back at the dead-letter queue's tail.
 	Scanned int
 	// Moved is how many were published back to the queue, confirmed by the
 	// broker, and removed from the dead-letter queue.
@@ -78,14 +79,21 @@ type RedriveResult struct {
 	Refused int
 }
 
-// ErrNotMoved means the broker refused a message Redrive published back
-// (a negative confirm, or the queue could not route it). That message and
-// the ones not reached yet stay in the dead-letter queue.
-var ErrNotMoved = errors.New("deadletters: the broker did not take a redriven message")
+// ErrNotMoved means the broker refused a copy Redrive published, to the
+// queue or back to the dead-letter queue (a negative confirm, or the queue
+// could not route it). That message and the ones not reached yet stay in
+// the dead-letter queue.
+var ErrNotMoved = errors.New("deadletters: the broker did not take a message's copy")
 
-// redriveChunk is how many matching messages are published before their
-// confirms are awaited.
-const redriveChunk = 64
+// redriveChunk is how many messages are taken, and their copies published,
+// before the copies' confirms are awaited and the messages acked at once.
+// A quorum queue's channel (RabbitMQ 3.10) holds back acks while 32 are
+// still unapplied, and drops those it holds when the connection closes:
+// their messages come back, delivered once more, beside their copies. The
+// acks of a chunk this small go out at once, and the gets of the next
+// chunk, each a round trip through the queue, see the previous ones
+// applied.
+const redriveChunk = 16
 
 // confirmTimeout bounds the wait for one chunk's confirms.
 const confirmTimeout = 30 * time.Second
@@ -101,13 +109,26 @@ const brokerTimeout = 30 * time.Second
 // message id; idem's reason headers move into the history header (see
 // HistoryHeader), so the consumer starts the message afresh at attempt 1.
 //
-// A message leaves the dead-letter queue only after the broker confirmed its
-// copy in the queue and its dead-letter row was marked (redriven_at,
-// redriven_by): a failure or a crash at any point leaves it in the
-// dead-letter queue, at worst with a copy already in the queue, which the
-// consumer's inbox recognises. Messages that do not match stay where they
-// are, in their order. Redrive looks at most at the messages the dead-letter
-// queue held when it started, so it ends even while messages keep arriving.
+// Redrive takes messages from the dead-letter queue's head, at most as many
+// as it held when Redrive started, so it ends even while messages keep
+// arriving. It publishes a matching message to the queue, and any other
+// (and a matching one past Limit) back to the dead-letter queue's tail as it
+// is: the same body, properties (but user-id, which the broker checks
+// against the publishing user) and headers. Once every message was taken,
+// those kept are in their order, and none was handed back to the queue, so
+// none counts one more delivery (a quorum queue's x-delivery-count). A
+// message dead-lettered while Redrive runs is not looked at; it ends up
+// behind the kept messages taken before it arrived and ahead of those taken
+// after. When Limit messages moved before any was put back, Redrive stops
+// there and leaves the rest untouched.
+//
+// A message leaves the dead-letter queue (is acked) only after the broker
+// confirmed its copy and, for a moved message, its dead-letter row was
+// marked (redriven_at, redriven_by): a failure or a crash at any point
+// leaves it in the dead-letter queue, at worst with a copy already in the
+// queue or at the tail, which the consumer's inbox recognises. Nothing is
+// lost, but a Redrive that fails midway leaves the messages it put back so
+// far behind those it had not reached.
 //
 // A message that entered the dead-letter queue no later than the newest
 // sighting the consumer's inbox retention forgot (inbox.Inbox.CheckSeen)
@@ -146,8 +167,8 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if err != nil {
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: dial %s: %w", redact(opts.AMQPURL), scrub(err, opts.AMQPURL))
 	}
-	// Closing the connection hands every message still unacked (those that
-	// did not match, or whose move failed) back to the dead-letter queue.
+	// Closing the connection hands every message still unacked (the chunk
+	// in hand when Redrive failed) back to the dead-letter queue.
 	defer func() { _ = conn.Close() }()
 	r := &redrive{o: opts, conn: conn, ib: ib, mark: markSQL(opts.Tables), entry: enteredSQL(opts.Tables)}
 	if err := r.open(); err != nil {
@@ -224,12 +245,23 @@ func (r *redrive) channel() (ch *amqp.Channel, err error) {
 	return ch, nil
 }
 
-// scan gets the dead-letter queue's messages one by one, up to its depth at
-// the start, and moves the matching ones in chunks. Non-matching messages
-// stay unacked until the connection closes, so each is looked at once.
+// taken is a message Redrive got from the dead-letter queue, and where its
+// copy goes: to the queue, or back to the dead-letter queue's tail.
+type taken struct {
+	d    amqp.Delivery
+	move bool
+}
+
+// scan takes the dead-letter queue's messages from its head, one by one, up
+// to its depth at the start, and settles them in chunks: the matching ones
+// go to the queue, the others back to the dead-letter queue's tail, so that
+// once every message was taken the ones kept are in their order again. Once
+// Limit messages move, the scan ends early only while it has put none back:
+// the messages not reached are then still in their order, at the head.
 func (r *redrive) scan(ctx context.Context) error {
-	var chunk []amqp.Delivery
-	for r.res.Scanned < r.depth && (r.o.Limit == 0 || r.res.Moved+len(chunk) < r.o.Limit) {
+	chunk := make([]taken, 0, redriveChunk)
+	moving, kept := 0, 0
+	for r.res.Scanned < r.depth && (r.o.Limit == 0 || moving < r.o.Limit || kept > 0) {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("deadletters: redrive: %w", err)
 		}
@@ -246,72 +278,43 @@ func (r *redrive) scan(ctx context.Context) error {
 			break
 		}
 		r.res.Scanned++
-		if !r.o.matches(d) {
-			continue
-		}
-		if err := r.beyondHorizon(ctx, d); err != nil {
-			if !errors.Is(err, inbox.ErrBeyondHorizon) {
-				return err
+		t := taken{d: d, move: (r.o.Limit == 0 || moving < r.o.Limit) && r.o.matches(d)}
+		if t.move {
+			if err := r.beyondHorizon(ctx, d); err != nil {
+				if !errors.Is(err, inbox.ErrBeyondHorizon) {
+					return err
+				}
+				r.res.Refused++
+				if r.refused == nil {
+					r.refused = err
+				}
+				t.move = false // kept in its place, like a message that does not match
 			}
-			r.res.Refused++
-			if r.refused == nil {
-				r.refused = err
-			}
-			continue
 		}
-		if chunk = append(chunk, d); len(chunk) == redriveChunk {
-			if err := r.move(ctx, chunk); err != nil {
+		if t.move {
+			moving++
+		} else {
+			kept++
+		}
+		if chunk = append(chunk, t); len(chunk) == redriveChunk {
+			if err := r.settle(ctx, chunk); err != nil {
 				return err
 			}
 			chunk = chunk[:0]
 		}
 	}
-	return r.move(ctx, chunk)
+	return r.settle(ctx, chunk)
 }
 
-// move publishes a chunk back to the queue, waits for its confirms, marks
-// the dead-letter rows in one transaction and only then acks the chunk in
-// the dead-letter queue.
-func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
+// settle publishes the copies of a chunk's messages, marks the dead-letter
+// rows of the moved ones in one transaction and only then acks the chunk's
+// messages in the dead-letter queue.
+func (r *redrive) settle(ctx context.Context, chunk []taken) error {
 	if len(chunk) == 0 {
 		return nil
 	}
-	now := time.Now()
-	confirms := make([]*amqp.DeferredConfirmation, len(chunk))
-	for i, d := range chunk {
-		p := republish(d, redriveHeaders(d.Headers, now, r.o.Operator, r.o.DeadLetterQueue))
-		var dc *amqp.DeferredConfirmation
-		err := r.conn.Call(func() (err error) {
-			dc, err = r.out.PublishWithDeferredConfirmWithContext(ctx, "", r.o.Queue, true, false, p)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("deadletters: redrive: publish to %s: %w", r.o.Queue, err)
-		}
-		confirms[i] = dc
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
-	defer cancel()
-	for _, dc := range confirms {
-		acked, err := dc.WaitContext(cctx)
-		if err != nil {
-			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.o.Queue, err)
-		}
-		if !acked && r.out.IsClosed() { // the client nacks what was pending when the channel closed
-			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.o.Queue, r.closed())
-		}
-		if !acked {
-			return fmt.Errorf("%w: %s refused a message (negative confirm)", ErrNotMoved, r.o.Queue)
-		}
-	}
-	// A return precedes the confirm of the same message, so the returns of
-	// this chunk are queued by now.
-	select {
-	case ret, open := <-r.returns:
-		if open { // closed: the channel ended after every confirm, nothing returned
-			return fmt.Errorf("%w: %s could not route it: %s", ErrNotMoved, r.o.Queue, ret.ReplyText)
-		}
-	default:
+	if err := r.publish(ctx, chunk); err != nil {
+		return err
 	}
 	if r.o.afterConfirm != nil {
 		r.o.afterConfirm()
@@ -325,14 +328,71 @@ func (r *redrive) move(ctx context.Context, chunk []amqp.Delivery) error {
 	if err != nil {
 		return err
 	}
-	for _, d := range chunk {
-		if err := r.conn.Call(func() error { return d.Ack(false) }); err != nil {
-			return fmt.Errorf("deadletters: redrive: ack in %s: %w", r.o.DeadLetterQueue, err)
+	// One ack for the chunk: every message taken before it is acked.
+	if err := r.conn.Call(func() error { return chunk[len(chunk)-1].d.Ack(true) }); err != nil {
+		return fmt.Errorf("deadletters: redrive: ack in %s: %w", r.o.DeadLetterQueue, err)
+	}
+	for _, t := range chunk {
+		if t.move {
+			r.res.Moved++
 		}
 	}
-	r.res.Moved += len(chunk)
 	r.res.Marked += marked
 	return nil
+}
+
+// publish publishes a copy of each message of chunk, in order, and waits
+// for the broker's confirms: a moved message's copy goes to the queue with
+// its history (redriveHeaders), a kept one's to the dead-letter queue's
+// tail with the headers it has.
+func (r *redrive) publish(ctx context.Context, chunk []taken) error {
+	now := time.Now()
+	confirms := make([]*amqp.DeferredConfirmation, len(chunk))
+	for i, t := range chunk {
+		p := republish(t.d, t.d.Headers)
+		if t.move {
+			p = republish(t.d, redriveHeaders(t.d.Headers, now, r.o.Operator, r.o.DeadLetterQueue))
+		}
+		err := r.conn.Call(func() (err error) {
+			confirms[i], err = r.out.PublishWithDeferredConfirmWithContext(ctx, "", r.to(t), true, false, p)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("deadletters: redrive: publish to %s: %w", r.to(t), err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
+	defer cancel()
+	for i, dc := range confirms {
+		acked, err := dc.WaitContext(cctx)
+		if err != nil {
+			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.to(chunk[i]), err)
+		}
+		if !acked && r.out.IsClosed() { // the client nacks what was pending when the channel closed
+			return fmt.Errorf("deadletters: redrive: confirm from %s: %w", r.to(chunk[i]), r.closed())
+		}
+		if !acked {
+			return fmt.Errorf("%w: %s refused a message (negative confirm)", ErrNotMoved, r.to(chunk[i]))
+		}
+	}
+	// A return precedes the confirm of the same message, so the returns of
+	// this chunk are queued by now.
+	select {
+	case ret, open := <-r.returns:
+		if open { // closed: the channel ended after every confirm, nothing returned
+			return fmt.Errorf("%w: %s could not route it: %s", ErrNotMoved, ret.RoutingKey, ret.ReplyText)
+		}
+	default:
+	}
+	return nil
+}
+
+// to is the queue a taken message's copy goes to.
+func (r *redrive) to(t taken) string {
+	if t.move {
+		return r.o.Queue
+	}
+	return r.o.DeadLetterQueue
 }
 
 // closed says why the publish channel closed: ctx ended, the connection
@@ -344,16 +404,20 @@ func (r *redrive) closed() error {
 	return amqp.ErrClosed
 }
 
-// markRows marks, for each message of chunk, the oldest unmarked dead-letter
+// markRows marks, for each moved message of chunk, the oldest unmarked dead-letter
 // row of its consumer and payload (and reason): the row its dead-lettering
 // wrote. It runs in one transaction detached from cancellation, so that the
 // chunk's rows are marked all or none.
-func (r *redrive) markRows(ctx context.Context, chunk []amqp.Delivery) (int, error) {
+func (r *redrive) markRows(ctx context.Context, chunk []taken) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
 	defer cancel()
 	marked := 0
 	err := pgx.BeginFunc(ctx, r.o.Pool, func(tx pgx.Tx) error {
-		for _, d := range chunk {
+		for _, t := range chunk {
+			if !t.move {
+				continue
+			}
+			d := t.d
 			consumer, _ := d.Headers[headerConsumer].(string)
 			hexHash, _ := d.Headers[headerPayloadHash].(string)
 			hash, err := hex.DecodeString(hexHash)

@@ -182,10 +182,75 @@ func TestRedriveCutOffAfterTheConfirmLeavesTheMessageInTheDeadLetterQueue(t *tes
 	deadletters.SetAfterConfirm(&o, proxy.Sever) // the process dies between the confirm and the ack
 	_, err := deadletters.Redrive(context.Background(), o)
 	require.Error(t, err)
-	require.Eventually(t, func() bool {
-		info, err := e.ch.QueueDeclarePassive(e.queue+".dlq", true, false, false, false, nil)
-		return err == nil && info.Messages == 1
-	}, 10*time.Second, 20*time.Millisecond, "the unacked message returns to the dead-letter queue")
+	e.holds(e.queue+".dlq", 1) // the unacked message returns to the dead-letter queue
 	require.Equal(t, []string{"m-1"}, ids(e.drain(e.queue+".dlq")), "never lost")
 	require.Equal(t, []string{"m-1"}, ids(e.drain(e.queue)), "and a copy is in the queue: the inbox recognises the duplicate")
+}
+
+func TestRedriveKeepsTheMessagesLeftInOrderWithoutRaisingTheirDeliveryCount(t *testing.T) {
+	t.Parallel()
+	for _, queueType := range []string{"classic", "quorum"} {
+		t.Run(queueType, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.declareTyped(nil, queueType)
+			var kept, matching []string
+			for i := range 50 {
+				id, reason := fmt.Sprintf("o-%02d", i), "max_attempts"
+				if i%5 == 2 {
+					reason, matching = "invalid_amount", append(matching, id)
+				} else {
+					kept = append(kept, id)
+				}
+				e.deadLetter("billing", id, reason)
+			}
+			e.holds(e.queue+".dlq", 50)
+
+			o := e.options()
+			o.MessageID = "no-such-message"
+			for range 2 { // a second pass finds what the first left
+				res, err := deadletters.Redrive(context.Background(), o)
+				require.NoError(t, err)
+				require.Equal(t, deadletters.RedriveResult{Scanned: 50}, res)
+			}
+			// Past the limit, the matching messages stay as the others do.
+			o = e.options()
+			o.Reason, o.Limit = "invalid_amount", 6
+			res, err := deadletters.Redrive(context.Background(), o)
+			require.NoError(t, err)
+			require.Equal(t, deadletters.RedriveResult{Scanned: 50, Moved: 6, Marked: 6}, res)
+			o.Limit = 0
+			res, err = deadletters.Redrive(context.Background(), o)
+			require.NoError(t, err)
+			require.Equal(t, deadletters.RedriveResult{Scanned: 44, Moved: 4, Marked: 4}, res)
+
+			require.Equal(t, matching, ids(e.drain(e.queue)), "moved in their order")
+			left := e.drain(e.queue + ".dlq")
+			require.Equal(t, kept, ids(left), "kept in their order")
+			for _, d := range left {
+				require.Zero(t, d.Headers["x-delivery-count"], "%s was never handed back", d.MessageId)
+				require.Equal(t, "max_attempts", d.Headers["x-idem-reason"], "%s keeps its headers", d.MessageId)
+				require.Equal(t, "corr-"+d.MessageId, d.CorrelationId, "and its properties")
+			}
+		})
+	}
+}
+
+func TestRedriveLeavesMessagesArrivingMeanwhileUnseenBehindTheKeptOnes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.declare(nil)
+	for _, id := range []string{"m-1", "m-2", "m-3"} {
+		e.deadLetter("billing", id, "max_attempts")
+	}
+	e.holds(e.queue+".dlq", 3)
+	o := e.options()
+	o.MessageID = "m-2"
+	deadletters.SetAfterConfirm(&o, func() { e.deadLetter("billing", "m-2", "max_attempts") })
+	res, err := deadletters.Redrive(context.Background(), o)
+	require.NoError(t, err)
+	require.Equal(t, deadletters.RedriveResult{Scanned: 3, Moved: 1, Marked: 1}, res)
+	e.holds(e.queue+".dlq", 3)
+	require.Equal(t, []string{"m-1", "m-3", "m-2"}, ids(e.drain(e.queue+".dlq")), "the late m-2 matches, but was not looked at")
+	require.Equal(t, []string{"m-2"}, ids(e.drain(e.queue)))
 }

@@ -56,10 +56,7 @@ func (e *env) redriveThroughDeafBroker(ctx context.Context, m method, brokerTime
 // (they return to it when the redrive connection is gone) and checks them.
 func (e *env) dlqHolds(want ...string) {
 	e.t.Helper()
-	require.Eventually(e.t, func() bool {
-		info, err := e.ch.QueueDeclarePassive(e.queue+".dlq", true, false, false, false, nil)
-		return err == nil && info.Messages == len(want)
-	}, 15*time.Second, 20*time.Millisecond, "the unacked messages return to the dead-letter queue")
+	e.holds(e.queue+".dlq", len(want)) // the unacked messages return to the dead-letter queue
 	require.Equal(e.t, want, ids(e.drain(e.queue+".dlq")))
 	require.Empty(e.t, e.redriven(), "and no row is marked")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/idemkit/idem/retention"
@@ -17,17 +16,17 @@ func init() {
 func runCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("cleanup")
 	var cfg retention.Config
-	fs.DurationVar(&cfg.OlderThan, "older-than", 0,
-		"delete rows older than this (required; at least the floor): settled effects, dead letters, finished replay runs, inbox rows")
-	fs.DurationVar(&cfg.Floor, "floor", retention.DefaultFloor,
-		"the shortest --older-than accepted: how long a message may still come back or be replayed")
-	fs.IntVar(&cfg.ChunkSize, "chunk-size", retention.DefaultChunkSize, "rows per DELETE, each its own transaction")
+	durationFlag(fs, &cfg.OlderThan, "older-than", 0, 1,
+		"delete rows older than `D` (required; at least the floor): settled effects, dead letters, finished replay runs, inbox rows")
+	durationFlag(fs, &cfg.Floor, "floor", retention.DefaultFloor, 0,
+		"the shortest `D` --older-than accepts: how long a message may still come back or be replayed")
+	intFlag(fs, &cfg.ChunkSize, "chunk-size", retention.DefaultChunkSize, 1, "`N` rows per DELETE, each its own transaction")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if cfg.OlderThan <= 0 || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --older-than DURATION (e.g. 720h) and no arguments", errUsage)
+	if cfg.OlderThan == 0 {
+		return fmt.Errorf("%w: want --older-than DURATION (e.g. 720h)", errUsage)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
@@ -52,12 +51,12 @@ func runCleanup(ctx context.Context, e *env, args []string) error {
 		}
 		return err
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "TABLE\tDELETED\t(older than %s: before %s)\n", cfg.OlderThan, res.Cutoff.UTC().Format(time.RFC3339))
+	t := e.table()
+	t.row("TABLE", "DELETED", fmt.Sprintf("(older than %s: before %s)", cfg.OlderThan, res.Cutoff.UTC().Format(time.RFC3339)))
 	for _, c := range res.Counts {
-		fmt.Fprintf(w, "%s\t%d\n", e.tables.WithDefaults().Prefix+c.Table, c.Deleted)
+		t.row(e.tables.WithDefaults().Prefix+c.Table, c.Deleted)
 	}
-	if ferr := w.Flush(); ferr != nil {
+	if ferr := t.flush(); ferr != nil {
 		return errors.Join(err, ferr)
 	}
 	return err

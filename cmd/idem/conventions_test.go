@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -40,15 +41,97 @@ func TestHelpExitsZeroOnEveryCommandAndSubcommand(t *testing.T) {
 	}
 }
 
+// nowhere is a database that refuses at once: a command that gets past
+// its usage checks fails there, with exit code 1.
+const nowhere = "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
+
+// everyCommand lists each command line that runs something: a command
+// without subcommands, or a command and one of its subcommands.
+func everyCommand() [][]string {
+	var out [][]string
+	for name, c := range commands {
+		if len(c.subcommands) == 0 {
+			out = append(out, []string{name})
+		}
+		for _, sub := range c.subcommands {
+			out = append(out, []string{name, sub})
+		}
+	}
+	return out
+}
+
+func TestBadUsageExitsTwoOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range everyCommand() {
+		for _, bad := range [][]string{
+			{"--no-such-flag"},
+			{"--no-such-flag=1"},
+			{"--schema"}, // no value
+			{"--prefix", strings.Repeat("p", 64)},
+			{"--schema", "a\x00b"},
+			{"one", "two", "three", "four"}, // more arguments than any command takes
+		} {
+			args := append(slices.Clone(cmd), "--pg-url", nowhere)
+			args = append(args, bad...)
+			out, stderr, code := idemCmd(args...)
+			require.Equal(t, 2, code, "%q: %s", args, stderr)
+			require.Empty(t, out, "%q", args)
+			require.Contains(t, stderr, "idem "+cmd[0]+": usage: ", "%q", args)
+		}
+	}
+}
+
 func TestBadUsageExitsTwo(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
-		{}, {"nope"}, {"inbox"}, {"inbox", "nope"}, {"ledger"}, {"ledger", "-x"}, {"deadletters"},
-		{"deadletters", "redrive"}, {"replay"}, {"replay", "abandon"}, {"cleanup"}, {"inbox", "show", "--consumer", "c"},
+		{}, {"nope"}, {"help", "nope"}, {"inbox"}, {"inbox", "nope"}, {"ledger"}, {"ledger", "-x"}, {"deadletters"},
+		{"replay"}, {"replay", "nope"},
+		{"inbox", "show", "--consumer", "c"},
+		{"inbox", "cleanup"}, {"inbox", "cleanup", "--older-than", "-1h"}, {"inbox", "cleanup", "--older-than", "3"},
+		{"inbox", "cleanup", "--older-than", "0"}, {"inbox", "cleanup", "--older-than", "720h", "--chunk-size", "0"},
+		{"ledger", "list", "--limit", "-1"}, {"ledger", "list", "--limit", "0"}, {"ledger", "list", "--limit", "ten"},
+		{"ledger", "list", "--status", "lost"},
+		{"ledger", "show"}, {"ledger", "show", "e-1", "e-2"},
+		{"ledger", "resolve", "--as", "failed", "--reason", "r"}, {"ledger", "resolve", "e-1", "--as", "maybe", "--reason", "r"},
+		{"ledger", "resolve", "e-1", "--as", "failed"}, {"ledger", "resolve", "e-1", "--as", "failed", "--reason", " "},
+		{"deadletters", "list", "--limit", "-1"}, {"deadletters", "list", "--limit", "1.5"},
+		{"deadletters", "redrive"}, {"deadletters", "redrive", "--queue", "q", "--limit", "-1"},
+		{"replay", "runs", "--limit", "-1"}, {"replay", "abandon"}, {"replay", "abandon", "r-1", "r-2"},
+		{"cleanup"}, {"cleanup", "--older-than", "-720h"}, {"cleanup", "--older-than", "720h", "--floor", "-1h"},
+		{"cleanup", "--older-than", "720h", "--chunk-size", "-5"},
 	} {
-		_, stderr, code := idemCmd(args...)
-		require.Equal(t, 2, code, "%v: %s", args, stderr)
-		require.NotEmpty(t, stderr, "%v", args)
+		_, stderr, code := idemCmd(append(args, "--pg-url", nowhere)...)
+		require.Equal(t, 2, code, "%q: %s", args, stderr)
+		require.NotEmpty(t, stderr, "%q", args)
+	}
+}
+
+func TestFlagsGoBeforeOrAfterTheArguments(t *testing.T) {
+	t.Parallel()
+	f := newCLIFixture(t)
+	db := []string{"--pg-url", testdb.URL(), "--schema", f.tables.Schema}
+	for _, c := range []struct {
+		args []string
+		code int
+		out  string // in stdout (code 0) or stderr
+	}{
+		{append([]string{"ledger", "show", f.effectID, "--json"}, db...), 0, `"effect_id": "` + f.effectID},
+		{append(append([]string{"ledger", "show", "--json"}, db...), f.effectID), 0, `"effect_id": "` + f.effectID},
+		{append([]string{"ledger", "show", "--json", f.effectID, "--schema", f.tables.Schema}, db[:2]...), 0, `"effect_id"`},
+		{append([]string{"ledger", "show", "--schema=" + f.tables.Schema, f.effectID}, db[:2]...), 0, "idempotency_key"},
+		{append(append([]string{"ledger", "show"}, db...), "--", "--json"), 1, "--json"}, // an id after "--"
+		{append([]string{"replay", "abandon", "r-1"}, db...), 1, "run r-1 is not an online rebuild"},
+		{append(append([]string{"replay", "abandon"}, db...), "r-1"), 1, "run r-1 is not an online rebuild"},
+		{append([]string{"ledger", "resolve", f.effectID, "--as", "failed", "--reason", "INC-9", "--operator", "bob"}, db...),
+			0, "effect " + f.effectID + " is now failed_terminal (audited as bob)"},
+	} {
+		out, stderr, code := idemCmd(c.args...)
+		require.Equal(t, c.code, code, "%q: %s", c.args, stderr)
+		if c.code == 0 {
+			require.Contains(t, out, c.out, "%q", c.args)
+		} else {
+			require.Contains(t, stderr, c.out, "%q", c.args)
+		}
 	}
 }
 

@@ -35,9 +35,9 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer")
 	fs.StringVar(&f.MessageID, "id", "", "only this message id")
 	fs.StringVar(&f.Reason, "reason", "", "only this reason (payload_conflict, max_attempts, …)")
-	fs.IntVar(&f.Limit, "limit", 50, "newest N")
+	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N`")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	pool, err := e.pool(ctx)
@@ -51,7 +51,7 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	}
 	return printRows(e, rows, newDeadLetterJSON,
 		"ID\tAT\tCONSUMER\tMESSAGE ID\tREASON\tATTEMPTS\tSOURCE\tPAYLOAD HASH\tREDRIVEN\tERROR",
-		func(d deadletters.Record) string {
+		func(d deadletters.Record) []any {
 			redriven := "-"
 			if !d.RedrivenAt.IsZero() {
 				redriven = d.RedrivenAt.UTC().Format(time.RFC3339)
@@ -59,8 +59,8 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 					redriven += " by " + d.RedrivenBy
 				}
 			}
-			return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s", d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer,
-				d.MessageID, d.Reason, d.Attempts, d.Source, d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80))
+			return []any{d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer, d.MessageID, d.Reason, d.Attempts, d.Source,
+				d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80)}
 		})
 }
 
@@ -72,7 +72,7 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.Reason, "reason", "", "only messages dead-lettered for this reason")
 	fs.StringVar(&o.MessageID, "id", "", "only the message with this message id")
 	fs.StringVar(&o.Consumer, "consumer", "", "only messages this consumer dead-lettered")
-	fs.IntVar(&o.Limit, "limit", 0, "move at most N messages (default: every matching one)")
+	intFlag(fs, &o.Limit, "limit", 0, 0, "move at most `N` messages (default: every matching one)")
 	fs.StringVar(&o.Operator, "operator", currentUser(), "who redrives, recorded on each dead-letter row")
 	fs.BoolVar(&o.AllowBeyondHorizon, "allow-beyond-horizon", false,
 		"also move messages that entered the dead-letter queue before the consumer's inbox horizon: they will be applied as new")
@@ -81,8 +81,8 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if o.Queue == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --queue Q and no arguments", errUsage)
+	if o.Queue == "" {
+		return fmt.Errorf("%w: want --queue Q", errUsage)
 	}
 	if o.AMQPURL = *amqpURL; o.AMQPURL == "" {
 		o.AMQPURL = os.Getenv("IDEM_AMQP_URL")
@@ -102,12 +102,12 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 			return errors.Join(err, jerr)
 		}
 	} else if err == nil || res.Scanned > 0 {
-		fmt.Fprintf(e.stdout, "moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)",
+		e.printf("moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)",
 			res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
 		if res.Refused > 0 {
-			fmt.Fprintf(e.stdout, "; %d left beyond the inbox horizon", res.Refused)
+			e.printf("; %d left beyond the inbox horizon", res.Refused)
 		}
-		fmt.Fprintln(e.stdout)
+		e.printf("\n")
 	}
 	if err != nil {
 		return fmt.Errorf("%w; what was not moved is still in %s", err, dlqName(o))

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,8 +55,8 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || *id == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --consumer C --id ID and no arguments", errUsage)
+	if *consumer == "" || *id == "" {
+		return fmt.Errorf("%w: want --consumer C --id ID", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {
@@ -76,28 +75,23 @@ func inboxShow(ctx context.Context, e *env, args []string) error {
 			BusinessKey: r.BusinessKey, Source: r.Source, StreamOffset: r.StreamOffset, ReceivedAt: r.ReceivedAt.UTC(),
 			SeenAt: utc(r.SeenAt), SeenOffset: r.SeenOffset})
 	}
-	offset := offsetOrDash(r.StreamOffset)
-	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-	for _, kv := range [][2]string{
-		{"consumer", r.Consumer},
-		{"message_id", r.MessageID},
-		{"payload_hash", r.PayloadHash.String()},
-		{"business_key", orDash(r.BusinessKey)},
-		{"source", orDash(r.Source)},
-		{"stream_offset", offset},
-		{"received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano)},
-		{"seen_at", timeOrDash(r.SeenAt)},
-		{"seen_offset", offsetOrDash(r.SeenOffset)},
-	} {
-		fmt.Fprintf(tw, "%s\t%s\n", kv[0], kv[1])
-	}
-	return tw.Flush()
+	t := e.table()
+	t.row("consumer", r.Consumer)
+	t.row("message_id", r.MessageID)
+	t.row("payload_hash", r.PayloadHash)
+	t.row("business_key", orDash(r.BusinessKey))
+	t.row("source", orDash(r.Source))
+	t.row("stream_offset", offsetOrDash(r.StreamOffset))
+	t.row("received_at", r.ReceivedAt.UTC().Format(time.RFC3339Nano))
+	t.row("seen_at", timeOrDash(r.SeenAt))
+	t.row("seen_offset", offsetOrDash(r.SeenOffset))
+	return t.flush()
 }
 
 func inboxStats(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox stats")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	ib, pool, err := openInbox(ctx, e)
@@ -114,26 +108,25 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 			return inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
 		},
 		"CONSUMER\tROWS\tOLDEST\tNEWEST",
-		func(s inbox.ConsumerStats) string {
-			return fmt.Sprintf("%s\t%d\t%s\t%s", s.Consumer, s.Rows,
-				s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
+		func(s inbox.ConsumerStats) []any {
+			return []any{s.Consumer, s.Rows, s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339)}
 		})
 }
 
 func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox cleanup")
 	var opts inbox.CleanupOptions
-	fs.DurationVar(&opts.OlderThan, "older-than", 0,
-		"delete rows whose message was last seen longer ago than this (required; at least the floor)")
-	fs.DurationVar(&opts.Floor, "floor", inbox.DefaultFloor,
-		"the shortest --older-than accepted: how long a message may still come back or be replayed")
+	durationFlag(fs, &opts.OlderThan, "older-than", 0, 1,
+		"delete rows whose message was last seen longer ago than `D` (required; at least the floor)")
+	durationFlag(fs, &opts.Floor, "floor", inbox.DefaultFloor, 1,
+		"the shortest --older-than accepted: how long a message may still come back or be replayed (`D`)")
 	fs.StringVar(&opts.Consumer, "consumer", "", "only this consumer's rows (default: all consumers)")
-	fs.IntVar(&opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, "rows per DELETE, each its own transaction")
+	intFlag(fs, &opts.ChunkSize, "chunk-size", inbox.DefaultChunkSize, 1, "`N` rows per DELETE, each its own transaction")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if opts.OlderThan == 0 || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --older-than DURATION (e.g. 168h) and no arguments", errUsage)
+	if opts.OlderThan == 0 {
+		return fmt.Errorf("%w: want --older-than DURATION (e.g. 168h)", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {
@@ -147,7 +140,7 @@ func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
+	e.printf("deleted %d rows older than %v in %d chunks\n", res.Deleted, opts.OlderThan, res.Chunks)
 	return nil
 }
 
@@ -158,8 +151,8 @@ func inboxHorizon(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" || fs.NArg() > 0 {
-		return fmt.Errorf("%w: want --consumer C and no arguments", errUsage)
+	if *consumer == "" {
+		return fmt.Errorf("%w: want --consumer C", errUsage)
 	}
 	ib, pool, err := openInbox(ctx, e)
 	if err != nil {
@@ -175,9 +168,8 @@ func inboxHorizon(ctx context.Context, e *env, args []string) error {
 			return horizonJSON{Consumer: h.Consumer, Source: h.Source, Offset: h.Offset, SeenAt: h.SeenAt.UTC(), UpdatedAt: h.UpdatedAt.UTC()}
 		},
 		"SOURCE\tFORGOTTEN_OFFSET\tFORGOTTEN_SEEN_AT\tUPDATED_AT",
-		func(h inbox.Horizon) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s", h.Source, offsetOrDash(h.Offset),
-				h.SeenAt.UTC().Format(time.RFC3339Nano), h.UpdatedAt.UTC().Format(time.RFC3339))
+		func(h inbox.Horizon) []any {
+			return []any{h.Source, offsetOrDash(h.Offset), h.SeenAt.UTC().Format(time.RFC3339Nano), h.UpdatedAt.UTC().Format(time.RFC3339)}
 		})
 }
 

@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/user"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -34,24 +33,6 @@ func runLedger(ctx context.Context, e *env, args []string) error {
 	})
 }
 
-// parseWithID parses flags that may come before or after one positional ID.
-func parseWithID(e *env, fs *flag.FlagSet, args []string) (string, error) {
-	if err := e.parse(fs, args); err != nil {
-		return "", err
-	}
-	if fs.NArg() == 0 {
-		return "", fmt.Errorf("%w: missing effect ID", errUsage)
-	}
-	id := fs.Arg(0)
-	if err := fs.Parse(fs.Args()[1:]); err != nil {
-		return "", err
-	}
-	if fs.NArg() > 0 {
-		return "", fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return id, nil
-}
-
 // openLedger connects and returns the ledger and a function closing the pool.
 func openLedger(ctx context.Context, e *env) (*ledger.Ledger, func(), error) {
 	pool, err := e.pool(ctx)
@@ -70,32 +51,36 @@ func ledgerList(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger list")
 	st := fs.String("status", "", "only effects in this status (pending, in_flight, succeeded, failed_retryable, failed_terminal, unknown, suppressed)")
 	typ := fs.String("type", "", "only effects of this type")
-	limit := fs.Int("limit", 100, "most effects to list")
+	var limit int
+	intFlag(fs, &limit, "limit", 100, 1, "list at most `N` effects")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
+	}
+	if *st != "" && !ledger.Status(*st).Valid() {
+		return fmt.Errorf("%w: --status %q is not one of %v", errUsage, *st, ledger.Statuses)
 	}
 	l, done, err := openLedger(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer done()
-	entries, err := l.List(ctx, ledger.Filter{Status: ledger.Status(*st), Type: *typ, Limit: *limit})
+	entries, err := l.List(ctx, ledger.Filter{Status: ledger.Status(*st), Type: *typ, Limit: limit})
 	if err != nil {
 		return err
 	}
 	return printRows(e, entries, newEntryJSON, "EFFECT_ID\tTYPE\tSTATUS\tATTEMPTS\tCREATED\tLAST_ERROR",
-		func(en ledger.Entry) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s", en.ID, en.Type, en.Status, en.AttemptCount,
-				en.CreatedAt.UTC().Format(time.RFC3339), oneLine(en.LastError, 60))
+		func(en ledger.Entry) []any {
+			return []any{en.ID, en.Type, en.Status, en.AttemptCount, en.CreatedAt.UTC().Format(time.RFC3339),
+				oneLine(en.LastError, 60)}
 		})
 }
 
 func ledgerShow(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("ledger show")
 	e.jsonFlag(fs)
-	id, err := parseWithID(e, fs, args)
-	if err != nil {
+	var id string
+	if err := e.parse(fs, args, &id); err != nil {
 		return err
 	}
 	l, done, err := openLedger(ctx, e)
@@ -114,33 +99,32 @@ func ledgerShow(ctx context.Context, e *env, args []string) error {
 	if e.json {
 		return e.writeJSON(newEffectJSON(en, history))
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
-	row("effect_id", en.ID)
-	row("effect_type", en.Type)
-	row("status", string(en.Status))
-	row("business_key", en.BusinessKey)
-	row("target", en.Target)
-	row("consumer", en.Consumer)
-	row("message_id", en.MessageID)
-	row("idempotency_key", en.IdempotencyKey)
-	row("attempt_count", fmt.Sprint(en.AttemptCount))
-	row("next_attempt_at", stamp(en.NextAttemptAt))
-	row("locked_until", stamp(en.LockedUntil))
-	row("lock_owner", en.LockOwner)
-	row("last_error", oneLine(en.LastError, 200))
-	row("created_at", stamp(en.CreatedAt))
-	row("completed_at", stamp(en.CompletedAt))
-	row("request_hash", en.RequestHash.String())
-	row("request", printable(en.Request))
+	t := e.table()
+	t.row("effect_id", en.ID)
+	t.row("effect_type", en.Type)
+	t.row("status", en.Status)
+	t.row("business_key", en.BusinessKey)
+	t.row("target", en.Target)
+	t.row("consumer", en.Consumer)
+	t.row("message_id", en.MessageID)
+	t.row("idempotency_key", en.IdempotencyKey)
+	t.row("attempt_count", en.AttemptCount)
+	t.row("next_attempt_at", stamp(en.NextAttemptAt))
+	t.row("locked_until", stamp(en.LockedUntil))
+	t.row("lock_owner", en.LockOwner)
+	t.row("last_error", oneLine(en.LastError, 200))
+	t.row("created_at", stamp(en.CreatedAt))
+	t.row("completed_at", stamp(en.CompletedAt))
+	t.row("request_hash", en.RequestHash)
+	t.row("request", printable(en.Request))
 	if !en.ResponseHash.IsZero() {
-		row("response_hash", en.ResponseHash.String())
-		row("response", printable(en.Response))
+		t.row("response_hash", en.ResponseHash)
+		t.row("response", printable(en.Response))
 	}
 	for _, h := range history {
-		row("resolved", fmt.Sprintf("%s by %s: %s -> %s: %s", stamp(h.At), h.Operator, h.From, h.To, h.Reason))
+		t.row("resolved", fmt.Sprintf("%s by %s: %s -> %s: %s", stamp(h.At), h.Operator, h.From, h.To, h.Reason))
 	}
-	return w.Flush()
+	return t.flush()
 }
 
 func ledgerResolve(ctx context.Context, e *env, args []string) error {
@@ -148,8 +132,8 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 	as := fs.String("as", "", "succeeded (it happened), failed (it did not; never try again) or retry (send again, same idempotency key)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	operator := fs.String("operator", currentUser(), "who decides (default: the OS user)")
-	id, err := parseWithID(e, fs, args)
-	if err != nil {
+	var id string
+	if err := e.parse(fs, args, &id); err != nil {
 		return err
 	}
 	to, ok := map[string]ledger.Status{
@@ -172,7 +156,7 @@ func ledgerResolve(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "effect %s is now %s (audited as %s)\n", en.ID, en.Status, *operator)
+	e.printf("effect %s is now %s (audited as %s)\n", en.ID, en.Status, *operator)
 	return nil
 }
 
@@ -198,12 +182,12 @@ func ledgerStats(ctx context.Context, e *env, args []string) error {
 		}
 		return e.writeJSON(ledgerStatsJSON{Counts: counts, OldestDueSeconds: s.OldestDue.Seconds()})
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	t := e.table()
 	for _, st := range ledger.Statuses {
-		fmt.Fprintf(w, "%s\t%d\n", st, s.Counts[st])
+		t.row(st, s.Counts[st])
 	}
-	fmt.Fprintf(w, "oldest_due_age\t%s\n", s.OldestDue.Round(time.Millisecond))
-	return w.Flush()
+	t.row("oldest_due_age", s.OldestDue.Round(time.Millisecond))
+	return t.flush()
 }
 
 func currentUser() string {
@@ -221,11 +205,7 @@ func stamp(t time.Time) string {
 }
 
 func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return safetext.Abbreviate(strings.Join(strings.Fields(s), " "), n)
 }
 
 // printable shows b as text when it is, and as hex otherwise.

@@ -10,17 +10,24 @@
 //	idem cleanup --older-than 720h [--floor D]
 //
 // Every command takes --schema S and --prefix P (where idem's tables are),
-// and --help. List, show and stats commands take --json. The database is
+// and --help. List, show and stats commands take --json. Flags go before or
+// after the arguments (idem ledger show ID --json); -- ends the flags. The database is
 // --pg-url, else IDEM_PG_URL, else the libpq environment (PGHOST, PGPORT,
 // PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, …); the broker, for redrive, is
 // --amqp-url, else IDEM_AMQP_URL.
 //
-// Exit codes: 0 success (and --help), 1 failure, 2 bad usage.
+// Tables and messages show what is not printable escaped, as Go writes it
+// (\x1b, \u202e, \x0a): ids, reasons and errors come from producers and
+// handlers and can neither steer the terminal nor forge a row. --json
+// prints the text as stored.
+//
+// Exit codes: 0 success (and --help), 1 failure, 2 bad usage (an unknown
+// command, subcommand or flag, a bad flag value such as --limit -1, a
+// missing required flag, a missing or extra argument).
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,12 +38,12 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/safetext"
 )
 
 // command is one `idem NAME …` command. Files in this package register
@@ -81,15 +88,6 @@ func (e *env) jsonFlag(fs *flag.FlagSet) {
 	fs.BoolVar(&e.json, "json", false, "print JSON instead of a table")
 }
 
-// parse parses args with fs; a help flag prints the usage to stdout (and
-// parse returns flag.ErrHelp, which exits 0).
-func (e *env) parse(fs *flag.FlagSet, args []string) error {
-	if wantsHelp(args) {
-		fs.SetOutput(e.stdout)
-	}
-	return fs.Parse(args)
-}
-
 // wantsHelp reports whether args ask for help before any "--".
 func wantsHelp(args []string) bool {
 	for _, a := range args {
@@ -106,9 +104,6 @@ func wantsHelp(args []string) bool {
 // pool connects to the database named by --pg-url, IDEM_PG_URL or the
 // libpq environment, in that order.
 func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	if err := e.tables.Validate(); err != nil {
-		return nil, err
-	}
 	url := e.pgURL
 	if url == "" {
 		url = e.pgEnv
@@ -129,43 +124,6 @@ func (e *env) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return p, nil
 }
 
-// writeJSON prints v as indented JSON.
-func (e *env) writeJSON(v any) error {
-	enc := json.NewEncoder(e.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// parseNoArgs parses args with fs and refuses positional arguments.
-func (e *env) parseNoArgs(fs *flag.FlagSet, args []string) error {
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	return nil
-}
-
-// printRows prints the rows of a list command: a JSON array of asJSON's
-// values with --json, else a table of header and one tab-separated line
-// per row.
-func printRows[R, J any](e *env, rows []R, asJSON func(R) J, header string, line func(R) string) error {
-	if e.json {
-		out := make([]J, len(rows))
-		for i, r := range rows {
-			out[i] = asJSON(r)
-		}
-		return e.writeJSON(out)
-	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, header)
-	for _, r := range rows {
-		fmt.Fprintln(w, line(r))
-	}
-	return w.Flush()
-}
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -173,7 +131,8 @@ func main() {
 	os.Exit(code)
 }
 
-// errUsage marks errors that should print the usage text; exit code 2.
+// errUsage marks bad usage: an unknown command, subcommand or flag, a bad
+// flag value, a missing or extra argument. It exits 2.
 var errUsage = errors.New("usage")
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -209,10 +168,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(stderr, "idem %s: %v\n", c.name, err)
+		fmt.Fprintf(stderr, "idem %s: %s\n", c.name, safetext.Display(err.Error()))
 		return 2
 	}
-	fmt.Fprintf(stderr, "idem %s: %v\n", c.name, explain(err, e.tables))
+	fmt.Fprintf(stderr, "idem %s: %s\n", c.name, safetext.Display(explain(err, e.tables).Error()))
 	return 1
 }
 

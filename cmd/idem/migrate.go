@@ -17,9 +17,6 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
 	if *printSQL {
 		sql, err := migrate.SQL(e.tables)
 		if err != nil {
@@ -38,9 +35,9 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if len(res.Applied) == 0 {
-		fmt.Fprintf(e.stdout, "schema %s is up to date at version %d\n", e.tables.Schema, res.Current)
+		e.printf("schema %s is up to date at version %d\n", e.tables.Schema, res.Current)
 		return nil
 	}
-	fmt.Fprintf(e.stdout, "schema %s: applied %v, now at version %d\n", e.tables.Schema, res.Applied, res.Current)
+	e.printf("schema %s: applied %v, now at version %d\n", e.tables.Schema, res.Applied, res.Current)
 	return nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/idemkit/idem/replay"
@@ -30,21 +29,19 @@ func runReplay(ctx context.Context, e *env, args []string) error {
 // are dropped, the live projection is untouched.
 func replayAbandon(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("replay abandon")
-	if err := e.parse(fs, args); err != nil {
+	var runID string
+	if err := e.parse(fs, args, &runID); err != nil {
 		return err
-	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: want one run id", errUsage)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := replay.Abandon(ctx, pool, e.tables, fs.Arg(0)); err != nil {
+	if err := replay.Abandon(ctx, pool, e.tables, runID); err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "run %s abandoned: its shadow tables are dropped\n", fs.Arg(0))
+	e.printf("run %s abandoned: its shadow tables are dropped\n", runID)
 	return nil
 }
 
@@ -52,9 +49,9 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("replay runs")
 	var f replay.RunFilter
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer's runs")
-	fs.IntVar(&f.Limit, "limit", 50, "newest N")
+	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N`")
 	e.jsonFlag(fs)
-	if err := e.parseNoArgs(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	pool, err := e.pool(ctx)
@@ -68,7 +65,7 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 	}
 	return printRows(e, runs, newRunJSON,
 		"RUN_ID\tMODE\tCONSUMER\tSTREAM\tRANGE\tSTATUS\tSTARTED\tFINISHED\tAUDITED\tDEAD_LETTERED\tOPERATOR\tREASON",
-		func(r replay.RunRecord) string {
+		func(r replay.RunRecord) []any {
 			status, finished := "unfinished", "-"
 			switch {
 			case r.Finished:
@@ -76,9 +73,9 @@ func replayRuns(ctx context.Context, e *env, args []string) error {
 			case r.Abandoned:
 				status, finished = "abandoned", r.FinishedAt.UTC().Format(time.RFC3339)
 			}
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s..%s (end %s)\t%s\t%s\t%s\t%d\t%d\t%s\t%s", r.ID, r.Mode, r.Consumer, r.Stream,
-				r.From, r.To, strconv.FormatInt(r.End, 10), status, r.StartedAt.UTC().Format(time.RFC3339), finished,
-				r.Audited, r.DeadLettered, orDash(r.Operator), orDash(oneLine(r.Reason, 60)))
+			return []any{r.ID, r.Mode, r.Consumer, r.Stream, fmt.Sprintf("%s..%s (end %d)", r.From, r.To, r.End), status,
+				r.StartedAt.UTC().Format(time.RFC3339), finished, r.Audited, r.DeadLettered, orDash(r.Operator),
+				orDash(oneLine(r.Reason, 60))}
 		})
 }
 
