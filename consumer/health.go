@@ -5,16 +5,21 @@ import (
 	"strings"
 
 	"github.com/idemkit/idem/health"
+	"github.com/idemkit/idem/internal/engine"
 )
 
 // Health reports the consumer's state for health probes (see package
 // health): ready while Run is connected to the broker and consuming (a
-// stream consumer: reading, or standing by while another process reads);
-// live while its batches make progress — none has gone without a handler
-// finishing or a commit for longer than a handler may run (HandlerTimeout,
-// then the grace before it is abandoned) plus CommitTimeout. A consumer
-// whose Run returned with an error is not live. Health reads what the
-// runtime last observed; it never blocks.
+// stream consumer: reading, or standing by while another process reads),
+// the database takes writes (a probe over a connection of its own checks it
+// every 2 seconds, see health.Database: refused, silent for 2 seconds, or
+// read-only means not ready within about 6 seconds), and the batch
+// transactions have not kept failing for longer than 10 seconds; live while
+// its batches make progress — none has gone without a handler finishing or
+// a commit for longer than a handler may run (HandlerTimeout, then the grace
+// before it is abandoned) plus CommitTimeout. A transaction that fails and
+// is retried is not progress. A consumer whose Run returned with an error is
+// not live. Health reads what the runtime last observed; it never blocks.
 func (c *Consumer) Health() health.Status {
 	v := &c.eng.Vitals
 	s := health.Status{Component: "consumer " + c.cfg.Name, Live: true}
@@ -31,6 +36,16 @@ func (c *Consumer) Health() health.Status {
 		reasons = append(reasons, *v.Trouble.Load())
 	default:
 		reasons = append(reasons, "connecting")
+	}
+	if s.Ready {
+		if ok, why := c.eng.DB.Check(); !ok {
+			s.Ready = false
+			reasons = append(reasons, why)
+		}
+	}
+	if d, why, failing := v.Failing(engine.FailingLimit); failing {
+		s.Ready = false
+		reasons = append(reasons, fmt.Sprintf("batches failing for %s: %s", d.Round(1e9), why))
 	}
 	if d, stalled := v.Stalled(c.eng.StallLimit()); stalled {
 		s.Live, s.Ready = false, false

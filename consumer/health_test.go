@@ -3,12 +3,15 @@ package consumer
 import (
 	"context"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 func TestHealthIsReadyOnlyWhileConsuming(t *testing.T) {
@@ -64,4 +67,65 @@ func TestWrongCredentialsFailFastAtTheFirstDial(t *testing.T) {
 	require.False(t, h.Live)
 	require.False(t, h.Ready)
 	require.Contains(t, h.Reason, "stopped")
+}
+
+// A database that refuses the worker, or stops answering it, makes the
+// consumer not ready within seconds, even with the broker up and batches
+// retrying; once it answers again the consumer is ready and the message
+// that waited is applied once.
+func TestHealthIsNotReadyWithinSecondsWhileTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]func(p *faultproxy.Proxy){
+		"refused":    (*faultproxy.Proxy).Refuse,
+		"blackholed": (*faultproxy.Proxy).Stall,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			pool, proxy := testdb.Proxied(t)
+			c := e.newConsumer(e.effectHandler(), func(cfg *Config) { cfg.Pool = pool; cfg.CommitTimeout = 2 * time.Second })
+			start(t, c)
+			waitFor(t, 10*time.Second, "ready", func() bool { return c.Health().Ready })
+
+			fail(proxy)
+			e.publish("m-1", `{}`, nil) // its batches fail and retry
+			began := time.Now()
+			waitFor(t, 10*time.Second, "not ready", func() bool { return !c.Health().Ready })
+			h := c.Health()
+			t.Logf("not ready %s after the database went %s: %s", time.Since(began).Round(time.Millisecond), name, h.Reason)
+			require.Contains(t, h.Reason, "database")
+
+			proxy.Resume()
+			waitFor(t, 30*time.Second, "ready again", func() bool { return c.Health().Ready })
+			waitFor(t, 30*time.Second, "m-1 applied", func() bool { return e.eff.Counts()["m-1"] == 1 })
+		})
+	}
+}
+
+// Batch transactions that keep failing are tracked from the first failure
+// to the first commit, with the last failure: past engine.FailingLimit the
+// consumer is not ready, naming it.
+func TestBatchesThatKeepFailingAreReportedUntilOneCommits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.newConsumer(e.effectHandler(), nil)
+	v := &c.eng.Vitals
+	_, _, failing := v.Failing(0)
+	require.False(t, failing)
+	start(t, c)
+	waitFor(t, 10*time.Second, "ready", func() bool { return c.Health().Ready })
+	// A table the claim needs is gone: every batch transaction fails.
+	_, err := e.pool.Exec(context.Background(), "ALTER TABLE "+e.tables.Table("inbox")+" RENAME TO gone")
+	require.NoError(t, err)
+	e.publish("m-1", `{}`, nil)
+	waitFor(t, 10*time.Second, "a failed batch", func() bool { _, _, f := v.Failing(0); return f })
+	d, why, _ := v.Failing(0)
+	require.Less(t, d, 10*time.Second)
+	require.Contains(t, why, "does not exist")
+	_, err = e.pool.Exec(context.Background(), "ALTER TABLE "+e.tables.QuotedSchema()+".gone RENAME TO "+
+		strings.TrimPrefix(e.tables.Table("inbox"), e.tables.QuotedSchema()+"."))
+	require.NoError(t, err)
+	waitFor(t, 30*time.Second, "m-1 applied", func() bool { return e.eff.Counts()["m-1"] == 1 })
+	_, _, failing = v.Failing(0)
+	require.False(t, failing, "a commit ends the streak")
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/internal/retry"
 	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/internal/tracing"
@@ -125,7 +126,8 @@ type Dispatcher struct {
 	owner   string // process-unique prefix of owner tokens
 	seq     atomic.Uint64
 	running atomic.Bool
-	vitals  vitals // what Health reports
+	vitals  vitals           // what Health reports
+	db      *health.Database // probes the database while Run runs
 
 	// dbTimeout bounds each database call of the loops: claimTimeout, but
 	// tests of stalled connections shorten it.
@@ -150,7 +152,8 @@ func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
 		return nil, fmt.Errorf("ledger: metrics: %w", err)
 	}
 	d := &Dispatcher{cfg: cfg, sql: s, metrics: m, log: cfg.Logger, dbTimeout: claimTimeout,
-		tracer: cfg.TracerProvider.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
+		tracer: cfg.TracerProvider.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL)),
+		db:     health.NewDatabase(cfg.Pool, "ledger dispatcher database")}
 	for typ, ex := range cfg.Executors {
 		if ex == nil {
 			return nil, fmt.Errorf("ledger: executor for %q is nil", typ)
@@ -213,6 +216,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		abandon:  make(chan struct{}),
 	}
 	var bg sync.WaitGroup
+	bg.Go(func() { d.db.Run(ctx) })
 	bg.Go(func() { d.listen(ctx, r.wake) })
 	bg.Go(func() { d.sweepLoop(r) })
 	completed := make(chan struct{})

@@ -160,3 +160,33 @@ func TestStuckSweepLoopMakesTheDispatcherNotLive(t *testing.T) {
 	close(h.release)
 	requireHealthy(t, d, 10*time.Second)
 }
+
+// A database that refuses or stops answering makes the dispatcher not
+// ready within seconds, with its database calls still bounded by their
+// full timeout: its own probe sees it first.
+func TestDispatcherIsNotReadyWithinSecondsWhileTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]func(*faultproxy.Proxy){
+		"refused":    (*faultproxy.Proxy).Refuse,
+		"blackholed": (*faultproxy.Proxy).Stall,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, tables := testdb.Schema(t)
+			pool, proxy := testdb.Proxied(t)
+			d, err := NewDispatcher(DispatcherConfig{Pool: pool, Tables: tables,
+				Executors: map[string]Executor{"mail": succeed{}}, Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err)
+			runDispatcher(t, d)
+			requireHealthy(t, d, 10*time.Second)
+			fail(proxy)
+			require.EventuallyWithT(t, func(c *assert.CollectT) {
+				s := d.Health()
+				assert.False(c, s.Ready, "%+v", s)
+				assert.Contains(c, s.Reason, "database")
+			}, 10*time.Second, 20*time.Millisecond)
+			proxy.Resume()
+			requireHealthy(t, d, 30*time.Second)
+		})
+	}
+}

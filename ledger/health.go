@@ -55,8 +55,12 @@ func (l *loopVitals) observe(err error) {
 // Health reports the dispatcher's health, for health.Handler:
 //
 //   - Ready while Run runs, its notification listener is connected (and
-//     answers a ping after each PollInterval without a notification), and
-//     the last statement of its claim loop and of its sweep loop succeeded;
+//     answers a ping after each PollInterval without a notification), the
+//     last statement of its claim loop and of its sweep loop succeeded, and
+//     the database takes writes: a probe over a connection of its own
+//     checks it every 2 seconds (see health.Database), so a database that
+//     refuses, stops answering or turns read-only makes it not ready within
+//     about 6 seconds, whatever the loops are waiting for;
 //   - Live unless Run has returned or its claim loop or its sweep loop has
 //     not turned for longer than a database call may take (30s) plus three
 //     PollIntervals: a dispatcher that waits for its database is live but
@@ -87,6 +91,10 @@ func (d *Dispatcher) Health() health.Status {
 			s.Ready = false
 			reasons = append(reasons, "database: "+*e)
 		}
+	}
+	if ok, why := d.db.Check(); !ok {
+		s.Ready = false
+		reasons = append(reasons, why)
 	}
 	if !d.vitals.listening.Load() {
 		s.Ready = false

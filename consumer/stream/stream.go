@@ -41,14 +41,9 @@ func Run(ctx context.Context, c *consumer.Consumer) error {
 		return fmt.Errorf("%w: stream.Run needs Config.Stream", consumer.ErrConfig)
 	}
 	sc, _ := seam.Of(c)
-	vitals := &sc.Engine.Vitals
-	vitals.Running.Store(true)
-	defer vitals.Running.Store(false)
+	stopped := sc.Engine.Started(ctx)
 	err := run(ctx, cfg, sc)
-	if err != nil {
-		why := err.Error()
-		vitals.Stopped.Store(&why)
-	}
+	stopped(err)
 	return err
 }
 

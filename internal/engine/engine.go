@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/pglock"
 )
@@ -88,6 +89,8 @@ type Engine struct {
 	Counts Counters
 	// Vitals holds what the consumer's health report reads.
 	Vitals Vitals
+	// DB probes the database while a source runs (see Started).
+	DB *health.Database
 
 	// careful counts down the batches that run with savepoints after a
 	// handler failed in an optimistic batch.
@@ -109,7 +112,8 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	return &Engine{cfg: cfg, inbox: ib, tel: cfg.Telemetry, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
-		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name)}, nil
+		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name),
+		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}, nil
 }
 
 // SetBatchHandler sets the handler that runs all of a batch's new items at

@@ -22,8 +22,7 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, o Options) Result {
 		return Result{Outcome: Unresolved, Err: context.Cause(ctx)}
 	}
 	defer release()
-	e.Vitals.active.Add(1) // marking counts as progress to watch, like an attempt
-	e.Vitals.moved()
+	e.Vitals.started() // marking is watched like an attempt
 	defer e.Vitals.active.Add(-1)
 	scope := scopeOf(&o, e)
 	fixed := make([]Result, 1)

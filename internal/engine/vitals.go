@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -20,6 +22,54 @@ type Vitals struct {
 
 	active   atomic.Int64 // attempts in flight
 	progress atomic.Int64 // when an attempt last moved (Unix ns)
+	// failing is when the transactions of the current streak of failed
+	// attempts began failing (Unix ns), 0 when the last one committed;
+	// failure is the last one's error.
+	failing atomic.Int64
+	failure atomic.Pointer[string]
+}
+
+// started records that an attempt starts: work that starts after a quiet
+// spell starts the stall clock, unless attempts are failing (a retry after
+// a failure is not progress).
+func (v *Vitals) started() {
+	if v.active.Add(1) == 1 && v.failing.Load() == 0 {
+		v.moved()
+	}
+}
+
+// ended records how an attempt ended: one that committed is progress and
+// ends a streak of failures; one whose transaction failed as a whole starts
+// or continues it. Other errors (a handler that failed, one item excluded)
+// are neither.
+func (v *Vitals) ended(err error) {
+	v.active.Add(-1)
+	if err == nil {
+		v.failing.Store(0)
+		v.moved()
+		return
+	}
+	if _, ok := errors.AsType[*batchError](err); ok {
+		v.failing.CompareAndSwap(0, time.Now().UnixNano())
+		why := err.Error()
+		v.failure.Store(&why)
+	}
+}
+
+// Failing reports how long the transactions of the attempts have failed
+// without one committing, when that is longer than limit, and the last
+// failure: the database is away, read-only, or refuses the batches.
+func (v *Vitals) Failing(limit time.Duration) (time.Duration, string, bool) {
+	since := v.failing.Load()
+	if since == 0 {
+		return 0, "", false
+	}
+	d := time.Since(time.Unix(0, since))
+	why := ""
+	if p := v.failure.Load(); p != nil {
+		why = *p
+	}
+	return d, why, d > limit
 }
 
 // SetTrouble records why the source is not connected ("" clears it).
@@ -29,7 +79,7 @@ func (v *Vitals) SetTrouble(why string) { v.Trouble.Store(&why) }
 func (v *Vitals) moved() { v.progress.Store(time.Now().UnixNano()) }
 
 // Stalled reports how long attempts in flight have made no progress, when
-// that is longer than limit: the engine is wedged.
+// that is longer than limit: the engine is wedged, or every attempt fails.
 func (v *Vitals) Stalled(limit time.Duration) (time.Duration, bool) {
 	if v.active.Load() == 0 {
 		return 0, false
@@ -44,3 +94,31 @@ func (v *Vitals) Stalled(limit time.Duration) (time.Duration, bool) {
 func (e *Engine) StallLimit() time.Duration {
 	return e.cfg.HandlerTimeout + abandonGrace + e.cfg.CommitTimeout + 5*time.Second
 }
+
+// Started marks the source running and probes the database (Engine.DB)
+// until the returned function is called, with the source's final error,
+// when the source's Run returns.
+func (e *Engine) Started(ctx context.Context) (stopped func(err error)) {
+	e.Vitals.Running.Store(true)
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { // owned by the source's Run: stopped below
+		defer close(done)
+		e.DB.Run(pctx)
+	}()
+	return func(err error) {
+		cancel()
+		<-done
+		e.Vitals.Running.Store(false)
+		if err != nil {
+			why := err.Error()
+			e.Vitals.Stopped.Store(&why)
+		}
+	}
+}
+
+// FailingLimit is how long the batch transactions may fail one after
+// another before the consumer reports itself not ready: long enough for a
+// lock conflict or a failover to resolve, short enough for a load balancer
+// or an operator to see a worker that cannot write.
+const FailingLimit = 10 * time.Second

@@ -150,12 +150,11 @@ type attemptResult struct {
 // handler still running abandonGrace after that ignores its
 // context: the attempt is abandoned (see abandon) and the goroutine left to
 // finish on its own, so that the worker goes on.
-func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *plan) ([]Result, error) {
+func (e *Engine) supervised(ctx context.Context, items []*Item, o *Options, p *plan) (_ []Result, err error) {
 	w := &watch{}
 	defer w.finish()
-	e.Vitals.active.Add(1)
-	e.Vitals.moved()
-	defer func() { e.Vitals.active.Add(-1); e.Vitals.moved() }()
+	e.Vitals.started()
+	defer func() { e.Vitals.ended(err) }()
 	done := make(chan attemptResult, 1)
 	go func() { // owned by the attempt; abandoned only with its handler
 		res, err := e.attempt(ctx, items, o, p, w)

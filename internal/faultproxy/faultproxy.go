@@ -64,6 +64,7 @@ type Proxy struct {
 	conns    map[*conn]struct{}
 	accepted int
 	holdNew  bool // connections accepted from now on start stalled
+	refuse   bool // connections accepted from now on are closed at once
 	closed   bool
 }
 
@@ -137,12 +138,22 @@ func (p *Proxy) StallOpen() {
 	p.noteStall()
 }
 
+// Refuse closes every connection open now and, until Resume, every new
+// one as soon as it is accepted: a server that is down, or a firewall that
+// rejects.
+func (p *Proxy) Refuse() {
+	p.mu.Lock()
+	p.refuse = true
+	p.mu.Unlock()
+	p.Sever()
+}
+
 // Resume passes bytes again on every stalled connection, the held ones
 // first, and lets new connections pass.
 func (p *Proxy) Resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.holdNew = false
+	p.holdNew, p.refuse = false, false
 	for c := range p.conns {
 		c.release()
 	}
@@ -159,6 +170,13 @@ func (p *Proxy) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		p.mu.Lock()
+		refuse := p.refuse
+		p.mu.Unlock()
+		if refuse {
+			_ = client.Close()
+			continue
 		}
 		target, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 		if err != nil {

@@ -89,15 +89,9 @@ func (src *Source) BufferedBytes() int64 { return src.held.Load() }
 // ReconnectMaxDelay. After a session that worked, the next attempt waits as
 // after a first failure.
 func (src *Source) Run(ctx context.Context) (err error) {
+	stopped := src.eng.Started(ctx)
+	defer func() { stopped(err) }()
 	vitals := &src.eng.Vitals
-	vitals.Running.Store(true)
-	defer func() {
-		vitals.Running.Store(false)
-		if err != nil {
-			why := err.Error()
-			vitals.Stopped.Store(&why)
-		}
-	}()
 	work, stopWork := engine.ShutdownContext(ctx, src.cfg.ShutdownTimeout)
 	defer stopWork()
 	log := src.cfg.Logger.With("consumer", src.cfg.Name, "queue", src.cfg.Queue)

@@ -9,8 +9,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -130,4 +133,30 @@ func Name(tb testing.TB, prefix string) string {
 		tb.Fatalf("testdb: random name: %v", err)
 	}
 	return prefix + "_" + strings.Trim(base, "_") + "_" + hex.EncodeToString(b[:])
+}
+
+// Proxied returns a pool of its own that reaches the test database through
+// a fault proxy, and the proxy: a test refuses, severs or stalls the
+// database for that pool only (see faultproxy.Proxy). The pool closes when
+// the test ends, after the proxy resumed.
+func Proxied(tb testing.TB) (*pgxpool.Pool, *faultproxy.Proxy) {
+	tb.Helper()
+	Pool(tb) // skip or fail like every database test when there is none
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		tb.Fatalf("testdb: %v", err)
+	}
+	proxy := faultproxy.New(tb, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("testdb: proxied pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	tb.Cleanup(proxy.Resume) // runs first: the pool closes its connections through a passing proxy
+	return pool, proxy
 }

@@ -1,0 +1,181 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of a Database probe.
+const (
+	// DefaultProbeInterval is how often a Database probe checks the
+	// database.
+	DefaultProbeInterval = 2 * time.Second
+	// DefaultProbeTimeout bounds one check: the connection, when one is
+	// needed, and the statement.
+	DefaultProbeTimeout = 2 * time.Second
+)
+
+// Database is a Reporter that tells whether a PostgreSQL database can take
+// writes now. Run checks it every interval over a connection of its own,
+// outside the application's pool, so that a pool busy with long batches is
+// never taken for a dead database, and a database that stopped answering
+// (a blackholed link) is noticed within the check's timeout instead of
+// waiting for TCP. It is ready while its last check, at most two intervals
+// and a timeout ago, succeeded on a read-write session; a refused
+// connection, a check past its timeout, or a read-only session (a standby
+// after a failover, default_transaction_read_only) makes it not ready. It
+// is live whenever Run runs: a database outage is not a reason to restart
+// a worker.
+//
+// The consumer and the ledger dispatcher run one each; run one beside an
+// HTTP edge (inbox/httpinbox) and serve it with Handler:
+//
+//	db := health.NewDatabase(pool, "api database")
+//	go db.Run(ctx)
+//	go health.ListenAndServe(ctx, ":8081", db)
+type Database struct {
+	component string
+	config    *pgx.ConnConfig
+	interval  time.Duration
+	timeout   time.Duration
+
+	mu       sync.Mutex
+	running  bool
+	okAt     time.Time // the last check that succeeded on a writable session
+	checked  bool      // a check has ended
+	lastFail string    // why the last check failed; "" when it succeeded
+	conn     *pgx.Conn // owned by Run
+}
+
+// NewDatabase returns a probe of the database pool connects to, reported as
+// component, checking every DefaultProbeInterval within
+// DefaultProbeTimeout. It does not connect: Run does.
+func NewDatabase(pool *pgxpool.Pool, component string) *Database {
+	return NewDatabaseProbe(pool.Config().ConnConfig.Copy(), component, DefaultProbeInterval, DefaultProbeTimeout)
+}
+
+// NewDatabaseProbe returns a probe of the database config names, checking
+// every interval within timeout (zero values take the defaults).
+func NewDatabaseProbe(config *pgx.ConnConfig, component string, interval, timeout time.Duration) *Database {
+	if interval <= 0 {
+		interval = DefaultProbeInterval
+	}
+	if timeout <= 0 {
+		timeout = DefaultProbeTimeout
+	}
+	return &Database{component: component, config: config, interval: interval, timeout: timeout}
+}
+
+// Run checks the database at once and then every interval until ctx ends,
+// then closes its connection and returns. Call it once.
+func (d *Database) Run(ctx context.Context) {
+	d.mu.Lock()
+	d.running = true
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.running = false
+		d.mu.Unlock()
+		d.disconnect()
+	}()
+	t := time.NewTicker(d.interval)
+	defer t.Stop()
+	for {
+		d.check(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// errReadOnly is a check that reached a session that cannot write.
+var errReadOnly = errors.New("the session is read-only (a standby, or default_transaction_read_only)")
+
+// check runs one check and records its result.
+func (d *Database) check(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	err := d.query(ctx)
+	if ctx.Err() != nil && err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("no answer within %s", d.timeout)
+	}
+	if err != nil {
+		d.disconnect() // a failed check may leave the connection in any state
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.checked = true
+	if err != nil {
+		d.lastFail = err.Error()
+		return
+	}
+	d.okAt, d.lastFail = time.Now(), ""
+}
+
+// query connects if needed and asks whether the session can write.
+func (d *Database) query(ctx context.Context) error {
+	if d.conn == nil {
+		conn, err := pgx.ConnectConfig(ctx, d.config)
+		if err != nil {
+			return err
+		}
+		d.conn = conn
+	}
+	var readOnly bool
+	if err := d.conn.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on'`).Scan(&readOnly); err != nil {
+		return err
+	}
+	if readOnly {
+		return errReadOnly
+	}
+	return nil
+}
+
+// disconnect closes the connection, if any, within the timeout.
+func (d *Database) disconnect() {
+	if d.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.timeout)
+	defer cancel()
+	_ = d.conn.Close(ctx)
+	d.conn = nil
+}
+
+// Check reports whether the database took the last check, recently enough,
+// and if not, why: what a component that embeds the probe in its own
+// report needs.
+func (d *Database) Check() (ok bool, reason string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	stale := 2*d.interval + d.timeout
+	switch {
+	case !d.running:
+		return false, "database: not probed (not running)"
+	case d.lastFail != "":
+		return false, "database: " + d.lastFail
+	case !d.checked:
+		return false, "database: not probed yet"
+	case time.Since(d.okAt) > stale:
+		return false, fmt.Sprintf("database: no successful check for %s", time.Since(d.okAt).Round(time.Second))
+	}
+	return true, ""
+}
+
+// Health reports the probe as component: ready when Check says so, live
+// while Run runs.
+func (d *Database) Health() Status {
+	ok, reason := d.Check()
+	d.mu.Lock()
+	live := d.running
+	d.mu.Unlock()
+	return Status{Component: d.component, Ready: ok, Live: live, Reason: reason}
+}

@@ -1,0 +1,78 @@
+package health_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/health"
+	"github.com/idemkit/idem/internal/testdb"
+)
+
+// runProbe runs p until the test ends.
+func runProbe(t *testing.T, p *health.Database) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// within waits until the probe's readiness is want, and returns how long
+// that took.
+func within(t *testing.T, p *health.Database, want bool, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		assert.Equal(c, want, p.Health().Ready, "%+v", p.Health())
+	}, limit, 20*time.Millisecond)
+	return time.Since(start)
+}
+
+// A database that refuses connections, or stops answering on the open one
+// (a blackholed link), makes the probe not ready within seconds; it is
+// ready again once the database answers.
+func TestDatabaseProbeIsNotReadyWithinSecondsOfARefusalOrASilence(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]func(p interface{ Refuse(); Stall() }){
+		"refused":    func(p interface{ Refuse(); Stall() }) { p.Refuse() },
+		"blackholed": func(p interface{ Refuse(); Stall() }) { p.Stall() },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, proxy := testdb.Proxied(t)
+			p := health.NewDatabase(pool, "test database")
+			require.False(t, p.Health().Ready, "not probed before Run")
+			runProbe(t, p)
+			within(t, p, true, 5*time.Second)
+			require.True(t, p.Health().Live)
+
+			fail(proxy)
+			took := within(t, p, false, 10*time.Second)
+			t.Logf("not ready %s after the database went %s: %s", took.Round(time.Millisecond), name, p.Health().Reason)
+			require.Contains(t, p.Health().Reason, "database:")
+			require.True(t, p.Health().Live, "a database outage is no reason to restart")
+
+			proxy.Resume()
+			within(t, p, true, 10*time.Second)
+		})
+	}
+}
+
+// A session that cannot write (a standby after a failover) is not ready.
+func TestDatabaseProbeIsNotReadyOnAReadOnlySession(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	cfg := pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["default_transaction_read_only"] = "on"
+	p := health.NewDatabaseProbe(cfg, "standby", 50*time.Millisecond, time.Second)
+	runProbe(t, p)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		s := p.Health()
+		assert.False(c, s.Ready)
+		assert.Contains(c, s.Reason, "read-only")
+	}, 5*time.Second, 20*time.Millisecond)
+}
