@@ -37,9 +37,18 @@ func within(t *testing.T, p *health.Database, want bool, limit time.Duration) ti
 // ready again once the database answers.
 func TestDatabaseProbeIsNotReadyWithinSecondsOfARefusalOrASilence(t *testing.T) {
 	t.Parallel()
-	for name, fail := range map[string]func(p interface{ Refuse(); Stall() }){
-		"refused":    func(p interface{ Refuse(); Stall() }) { p.Refuse() },
-		"blackholed": func(p interface{ Refuse(); Stall() }) { p.Stall() },
+	for name, fail := range map[string]func(p interface {
+		Refuse()
+		Stall()
+	}){
+		"refused": func(p interface {
+			Refuse()
+			Stall()
+		}) { p.Refuse() },
+		"blackholed": func(p interface {
+			Refuse()
+			Stall()
+		}) { p.Stall() },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
