@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/health"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testdb"
 )
 
@@ -37,18 +38,9 @@ func within(t *testing.T, p *health.Database, want bool, limit time.Duration) ti
 // ready again once the database answers.
 func TestDatabaseProbeIsNotReadyWithinSecondsOfARefusalOrASilence(t *testing.T) {
 	t.Parallel()
-	for name, fail := range map[string]func(p interface {
-		Refuse()
-		Stall()
-	}){
-		"refused": func(p interface {
-			Refuse()
-			Stall()
-		}) { p.Refuse() },
-		"blackholed": func(p interface {
-			Refuse()
-			Stall()
-		}) { p.Stall() },
+	for name, fail := range map[string]func(*faultproxy.Proxy){
+		"refused":    (*faultproxy.Proxy).Refuse,
+		"blackholed": (*faultproxy.Proxy).Stall,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
