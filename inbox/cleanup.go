@@ -153,8 +153,8 @@ const scopeChunk = 5000
 // after the last message id the chunk before it deleted ($2), and returns
 // how many it deleted and the last id.
 const deleteScopeSQL = `WITH gone AS (
-	DELETE FROM %[1]s WHERE consumer = $1 AND message_id IN (
-		SELECT message_id FROM %[1]s WHERE consumer = $1 AND message_id > $2 ORDER BY message_id LIMIT $3)
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE consumer = $1 AND message_id > $2 ORDER BY message_id LIMIT $3))
 	RETURNING message_id
 )
 SELECT count(*), coalesce(max(message_id), $2) FROM gone`
