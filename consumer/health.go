@@ -9,17 +9,23 @@ import (
 )
 
 // Health reports the consumer's state for health probes (see package
-// health): ready while Run is connected to the broker and consuming (a
-// stream consumer: reading, or standing by while another process reads),
-// the database takes writes (a probe over a connection of its own checks it
-// every 2 seconds, see health.Database: refused, silent for 2 seconds, or
-// read-only means not ready within about 6 seconds), and the batch
-// transactions have not kept failing for longer than 10 seconds; live while
-// its batches make progress — none has gone without a handler finishing or
-// a commit for longer than a handler may run (HandlerTimeout, then the grace
-// before it is abandoned) plus CommitTimeout. A transaction that fails and
-// is retried is not progress. A consumer whose Run returned with an error is
-// not live. Health reads what the runtime last observed; it never blocks.
+// health).
+//
+// Ready while Run is connected to the broker and consuming (a stream
+// consumer: reading, or standing by while another process reads), the
+// database takes writes (a probe over a connection of its own checks it
+// every 2 seconds, see health.Database: a refusal, 2 seconds of silence or
+// a read-only session make it not ready within about 6 seconds), and the
+// batch transactions have not kept failing for longer than 10 seconds.
+//
+// Live while its batches make progress: none has gone without a handler
+// finishing or a commit for longer than a handler may run (HandlerTimeout,
+// then the grace before it is abandoned) plus CommitTimeout. A transaction
+// that fails and is retried is not progress; but while the database probe
+// fails, a consumer without progress is waiting for its database, not
+// wedged: it stays live (a restart would not bring the database back) and
+// is not ready. A consumer whose Run returned with an error is not live.
+// Health reads what the runtime last observed; it never blocks.
 func (c *Consumer) Health() health.Status {
 	v := &c.eng.Vitals
 	s := health.Status{Component: "consumer " + c.cfg.Name, Live: true}
@@ -37,18 +43,20 @@ func (c *Consumer) Health() health.Status {
 	default:
 		reasons = append(reasons, "connecting")
 	}
-	if s.Ready {
-		if ok, why := c.eng.DB.Check(); !ok {
-			s.Ready = false
-			reasons = append(reasons, why)
-		}
+	dbOK, dbWhy := c.eng.DB.Check()
+	if s.Ready && !dbOK {
+		s.Ready = false
+		reasons = append(reasons, dbWhy)
 	}
 	if d, why, failing := v.Failing(engine.FailingLimit); failing {
 		s.Ready = false
 		reasons = append(reasons, fmt.Sprintf("batches failing for %s: %s", d.Round(1e9), why))
 	}
 	if d, stalled := v.Stalled(c.eng.StallLimit()); stalled {
-		s.Live, s.Ready = false, false
+		s.Ready = false
+		if dbOK || !v.Running.Load() {
+			s.Live = false // the database answers, yet nothing moves: wedged
+		}
 		reasons = append(reasons, fmt.Sprintf("no batch progress for %s", d.Round(1e9)))
 	}
 	s.Reason = strings.Join(reasons, "; ")

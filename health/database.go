@@ -38,7 +38,7 @@ const (
 //
 //	db := health.NewDatabase(pool, "api database")
 //	go db.Run(ctx)
-//	go health.ListenAndServe(ctx, ":8081", db)
+//	go health.ListenAndServe(ctx, "0.0.0.0:8081", db)
 type Database struct {
 	component string
 	config    *pgx.ConnConfig

@@ -7,11 +7,24 @@
 // A component reports a Status through the Reporter interface: Ready when
 // it is connected and working, Live when its loops make progress, and a
 // short Reason when it is not. The ledger's *Dispatcher reports ready while
-// its database connection and notification listener work, and live while
-// its loops tick; a consumer reports ready while it is connected and
+// its database takes writes and its notification listener works, and live
+// while its loops tick; a consumer reports ready while it is connected and
 // consuming (a stream consumer also while it stands by for another
-// process), and live while its batches complete and no handler is wedged.
-// ReporterFunc turns a function into a Reporter for checks of your own.
+// process), its database takes writes and its batches are not failing, and
+// live while its batches complete and no handler is wedged. ReporterFunc
+// turns a function into a Reporter for checks of your own.
+//
+// # The database
+//
+// Database probes a PostgreSQL database every 2 seconds over a connection
+// of its own: a refusal, 2 seconds without an answer (a blackholed link) or
+// a read-only session (a standby after a failover) make it not ready at
+// once. The consumer and the dispatcher run one each while they run; an
+// HTTP edge, which has no loop of its own, serves one beside it:
+//
+//	db := health.NewDatabase(pool, "api database")
+//	go db.Run(ctx)
+//	go health.ListenAndServe(ctx, "0.0.0.0:8081", db)
 //
 // # Serving the probes
 //

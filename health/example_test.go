@@ -7,6 +7,8 @@ import (
 	"log"
 	"net/http/httptest"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idem/health"
 )
 
@@ -44,4 +46,19 @@ func ExampleListenAndServe() {
 			log.Print(err) // the address is taken, say
 		}
 	}()
+}
+
+// Beside an HTTP edge, which has no loop of its own: a probe of its
+// database, ready while the database takes writes.
+func ExampleDatabase() {
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://root@127.0.0.1:5432/test?sslmode=disable")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	db := health.NewDatabase(pool, "api database")
+	go db.Run(ctx)
+	go health.ListenAndServe(ctx, "0.0.0.0:8081", db)
 }

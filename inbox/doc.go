@@ -73,11 +73,17 @@
 // # Retention and the horizon
 //
 // A row deleted too early turns the next delivery of its message into
-// NewMessage, and the handler runs again. Cleanup deletes rows older than a
-// retention that must outlast every redelivery and replay horizon, in small
-// chunks, and records what it made each consumer forget (Horizon), so that a
-// normal replay refuses to start below it. Package retention cleans this
-// table with every other table of idem; `idem cleanup` runs it.
+// NewMessage, and the handler runs again. A claim that finds its row
+// records the sighting on it (Record.SeenAt, Record.SeenOffset), so a row's
+// age counts from the last copy of its message that came. Cleanup deletes
+// rows last seen before a retention that must outlast every redelivery and
+// replay horizon, in small chunks, never below a floor of seven days
+// (DefaultFloor) and never in a held scope (Hold: an online rebuild's), and
+// records what it made each consumer forget (Horizon). Every door through
+// which an old message can come back asks it first (CheckOffset,
+// CheckSeen) and refuses with ErrBeyondHorizon: a normal replay, a
+// redrive, a rebuild's resume. Package retention cleans this table with
+// every other table of idem; `idem cleanup` runs it.
 //
 // # Operators
 //

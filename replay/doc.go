@@ -72,11 +72,17 @@
 // where it stopped when started again with the same RunID, without applying
 // anything twice, and stops at the end fixed the first time.
 //
-// A normal replay refuses (ErrBelowHorizon) to start at or below the inbox
-// horizon: the highest offset whose inbox row retention deleted for the live
-// consumer (see the retention package and inbox.Inbox.Horizon). There the
-// inbox no longer knows the message was applied, and the handler would run
-// again. Start after it, or set Options.AllowBelowHorizon to do it anyway.
+// Every mode asks the live consumer's inbox horizon (inbox.Inbox.Horizon):
+// the highest offset at which retention made it forget a copy of a
+// message. There the inbox no longer knows whether a message was applied,
+// and its handler could run again. A normal replay refuses, with an error
+// wrapping inbox.ErrBeyondHorizon, a range that starts at or below it —
+// when it starts and when it resumes; start after it, or set
+// Options.AllowBelowHorizon to do it anyway. A rebuild holds its own inbox
+// scope against retention until it swaps or is abandoned (inbox.Hold), and
+// refuses to resume if rows of it were deleted anyway; its swap keeps the
+// live horizon. A forensic replay reports the messages at or below the
+// horizon as "forgotten". A repair re-runs its selection on purpose.
 // ListRuns (and `idem replay runs`) lists the recorded runs with their
 // audit counts.
 //

@@ -20,10 +20,10 @@ import (
 // Options configure Run. Mode is required; so are Select, Operator and
 // Reason for a repair. Every other field has the default its comment states.
 type Options struct {
-	// AllowBelowHorizon lets a normal replay start at or below the inbox
-	// horizon, where retention deleted the live consumer's inbox rows
-	// (see ErrBelowHorizon): the handler runs again on those messages.
-	// Other modes do not check the horizon. Default: false.
+	// AllowBelowHorizon lets a normal replay start (or resume) at or below
+	// the inbox horizon, where retention deleted the live consumer's inbox
+	// rows (see inbox.ErrBeyondHorizon): the handler runs again on those
+	// messages. Other modes do not refuse for the horizon. Default: false.
 	AllowBelowHorizon bool
 
 	// BatchSize is the most messages run in one transaction. Default:

@@ -33,9 +33,14 @@
 // to the retention (max-age) of the streams you may replay from; lower it
 // only as a decision, with Config.Floor or `idem cleanup --floor`.
 //
-// What the inbox forgets is recorded per consumer and source (see
-// inbox.Inbox.Horizon), and a normal replay that would start at or below it
-// refuses unless told otherwise (replay.Options.AllowBelowHorizon).
+// A row's age counts from the last copy of its message that was claimed,
+// not the first. What the inbox forgets is recorded per consumer and
+// source (see inbox.Inbox.Horizon), and every door through which an old
+// message can come back asks it: a normal replay that would start at or
+// below it, and a redrive of a message that entered the dead-letter queue
+// before it, refuse unless told otherwise (replay.Options.AllowBelowHorizon,
+// deadletters.RedriveOptions.AllowBeyondHorizon). A running online
+// rebuild's inbox scope is never cleaned (inbox.Inbox.Hold).
 //
 // # In-process schedule
 //

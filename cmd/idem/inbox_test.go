@@ -88,7 +88,7 @@ func TestInboxStatsAndCleanupCommands(t *testing.T) {
 	require.Equal(t, []string{"b", "1"}, strings.Fields(lines[2])[:2])
 
 	_, stderr, code = runInboxCmd(t, tables, "inbox", "cleanup", "--older-than", "1h")
-	require.Equal(t, 1, code, "below the 72h floor")
+	require.Equal(t, 1, code, "below the 7-day floor")
 	require.Contains(t, stderr, "floor")
 	_, stderr, code = runInboxCmd(t, tables, "inbox", "cleanup")
 	require.Equal(t, 2, code, "--older-than is required")
