@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/testbroker"
 )
 
@@ -100,8 +101,8 @@ func FuzzPrepare(f *testing.F) {
 	c := fuzzConsumer(f)
 	f.Fuzz(func(t *testing.T, id string, body []byte, key string, attempt int64, count string) {
 		headers := amqp.Table{"key": key, "x-idem-attempt": attempt, "x-delivery-count": count}
-		it := c.fromDelivery(&amqp.Delivery{MessageId: id, Body: body, Headers: headers}, time.Now())
-		m := it.Msg.(*Message)
+		it := c.Engine(engine.Key{}).PrepareAll([]Message{{MessageID: id, Body: body, Headers: headers}})[0]
+		m := it.Message
 		require.Equal(t, idem.HashBytes(body), m.Hash)
 		require.GreaterOrEqual(t, m.Attempt, 1)
 		if it.Reject != nil {

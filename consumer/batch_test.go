@@ -53,19 +53,19 @@ func TestBatchHandlerWritesTheBatchOnceAndFallsBackToMessagesOnFailure(t *testin
 		return out
 	}
 
-	out, err := c.Process(ctx, []Incoming{{MessageID: "a", Body: []byte("ok")}, {MessageID: "b", Body: []byte("ok")},
+	out, err := c.Process(ctx, []Message{{MessageID: "a", Body: []byte("ok")}, {MessageID: "b", Body: []byte("ok")},
 		{MessageID: "a", Body: []byte("ok")}, {MessageID: "c", Body: []byte("ok")}})
 	require.NoError(t, err)
 	require.Equal(t, []string{"processed", "processed", "duplicate", "processed"},
-		[]string{out[0].Result.String(), out[1].Result.String(), out[2].Result.String(), out[3].Result.String()})
+		[]string{out[0].Outcome.String(), out[1].Outcome.String(), out[2].Outcome.String(), out[3].Outcome.String()})
 	require.EqualValues(t, 1, batches.Load(), "one call for the batch")
 	require.Zero(t, singles.Load())
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1}, count())
 
-	out, err = c.Process(ctx, []Incoming{{MessageID: "d", Body: []byte("ok")}, {MessageID: "e", Body: []byte("bad")},
+	out, err = c.Process(ctx, []Message{{MessageID: "d", Body: []byte("ok")}, {MessageID: "e", Body: []byte("bad")},
 		{MessageID: "f", Body: []byte("ok")}})
 	require.NoError(t, err)
-	require.Equal(t, []string{"processed", "dead_lettered", "processed"}, []string{out[0].Result.String(), out[1].Result.String(), out[2].Result.String()})
+	require.Equal(t, []string{"processed", "dead_lettered", "processed"}, []string{out[0].Outcome.String(), out[1].Outcome.String(), out[2].Outcome.String()})
 	require.EqualValues(t, 2, batches.Load())
 	require.EqualValues(t, 3, singles.Load(), "the failed batch runs again message by message")
 	require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "f": 1}, count())

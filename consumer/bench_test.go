@@ -36,11 +36,11 @@ func BenchmarkProcessBatch(b *testing.B) {
 			c.Handle(func(ctx context.Context, tx pgx.Tx, m *Message) error {
 				return Defer(ctx, tx, update, int32(binary.BigEndian.Uint32(m.Body)%1000))
 			})
-			all := make([]Incoming, b.N*size) // built before the clock runs
+			all := make([]Message, b.N*size) // built before the clock runs
 			for n := range all {
 				body := make([]byte, 256)
 				binary.BigEndian.PutUint32(body, uint32(n))
-				all[n] = Incoming{MessageID: fmt.Sprintf("m-%d", n), Body: body}
+				all[n] = Message{MessageID: fmt.Sprintf("m-%d", n), Body: body}
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -50,7 +50,7 @@ func BenchmarkProcessBatch(b *testing.B) {
 					b.Fatal(err)
 				}
 				for _, o := range out {
-					if o.Result.String() != "processed" {
+					if o.Outcome.String() != "processed" {
 						b.Fatalf("outcome %+v", o)
 					}
 				}

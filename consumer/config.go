@@ -3,6 +3,7 @@ package consumer
 import (
 	"log/slog"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/queuesource"
 )
 
@@ -28,6 +30,9 @@ const (
 
 // Config configures a Consumer. Name and Pool are required, and Run needs
 // AMQPURL and Queue; every other field has the default its comment states.
+// A stream consumer (package consumer/stream) takes the same Config, but
+// the fields that only a queue reads (those its comment says are "queue
+// only"), which stream.New refuses.
 type Config struct {
 	// AMQPURL is the broker URL, e.g. amqp://guest:guest@127.0.0.1:5672/.
 	AMQPURL string
@@ -182,16 +187,6 @@ type Config struct {
 	// Default: false (only hashes are stored; the payload is in the DLQ).
 	StorePayloads bool
 
-	// Stream is the RabbitMQ stream to consume instead of a Queue, with
-	// stream.Run from package consumer/stream: in order, with the checkpoint
-	// in each batch's transaction, one active reader per (Name, Stream)
-	// across processes.
-	Stream string
-
-	// StreamURL is the stream protocol URL. Default: derived from AMQPURL
-	// (rabbitmq-stream://…:5552/), or IDEM_STREAM_URL.
-	StreamURL string
-
 	// Tables names the schema and table prefix. Default: public, idem_.
 	Tables idem.Tables
 
@@ -229,15 +224,8 @@ func (c *Config) setDefaults() {
 		}
 	}
 	def(&c.BatchMaxSize, 200)
-	if c.BatchMaxWait == 0 {
-		c.BatchMaxWait = 500 * time.Microsecond
-	}
 	def(&c.BatchRetries, 8)
 	defDur(&c.CommitTimeout, 10*time.Second)
-	if c.ConnectionName == "" {
-		c.ConnectionName = "idem:" + c.Name
-	}
-	def(&c.DeliveryLimit, 20)
 	defDur(&c.HandlerTimeout, defaultHandlerTimeout)
 	if c.Hash == nil {
 		c.Hash = hashRaw
@@ -247,9 +235,6 @@ func (c *Config) setDefaults() {
 		c.Logger = slog.Default()
 	}
 	def(&c.MaxAttempts, 5)
-	if c.MaxBufferedBytes <= 0 {
-		c.MaxBufferedBytes = defaultMaxBufferedBytes
-	}
 	def(&c.MaxCrashes, 3)
 	def(&c.MaxHeaders, 256)
 	def(&c.MaxIDBytes, 512)
@@ -263,23 +248,63 @@ func (c *Config) setDefaults() {
 			c.Workers = min(c.Workers, max(int(c.Pool.Config().MaxConns), 2))
 		}
 	}
-	def(&c.Prefetch, min(4*c.BatchMaxSize*c.Workers, 4000))
-	if c.QueueType == "" {
-		c.QueueType = "quorum"
-	}
 	defDur(&c.ReconnectMaxDelay, 30*time.Second)
 	defDur(&c.RetryBaseDelay, time.Second)
 	defDur(&c.RetryMaxDelay, 5*time.Minute)
-	if c.Queue != "" {
-		if c.DeadLetterQueue == "" {
-			c.DeadLetterQueue = c.Queue + ".dlq"
-		}
-		if c.RetryQueue == "" {
-			c.RetryQueue = c.Queue + ".retry"
-		}
-	}
 	defDur(&c.ShutdownTimeout, 30*time.Second)
 	c.Tables = c.Tables.WithDefaults()
+	if c.Queue != "" {
+		c.setQueueDefaults()
+	}
+}
+
+// setQueueDefaults fills in the fields only a queue reads. A consumer
+// without a Queue keeps them as they were set, so that a stream consumer
+// can refuse the ones set by mistake (see QueueOnly).
+func (c *Config) setQueueDefaults() {
+	if c.BatchMaxWait == 0 {
+		c.BatchMaxWait = 500 * time.Microsecond
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = "idem:" + c.Name
+	}
+	if c.DeadLetterQueue == "" {
+		c.DeadLetterQueue = c.Queue + ".dlq"
+	}
+	if c.DeliveryLimit <= 0 {
+		c.DeliveryLimit = 20
+	}
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = defaultMaxBufferedBytes
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = min(4*c.BatchMaxSize*c.Workers, 4000)
+	}
+	if c.QueueType == "" {
+		c.QueueType = "quorum"
+	}
+	if c.RetryQueue == "" {
+		c.RetryQueue = c.Queue + ".retry"
+	}
+}
+
+// QueueOnly names the fields of c that only a queue consumer reads and
+// that are set: a consumer of another source (a stream) refuses them.
+func (c *Config) QueueOnly() []string {
+	var set []string
+	for name, isSet := range map[string]bool{
+		"BatchMaxWait": c.BatchMaxWait != 0, "ConnectionName": c.ConnectionName != "",
+		"DeadLetterQueue": c.DeadLetterQueue != "", "DeliveryLimit": c.DeliveryLimit != 0,
+		"MaxBufferedBytes": c.MaxBufferedBytes != 0, "OrderingKey": c.OrderingKey != nil,
+		"Prefetch": c.Prefetch != 0, "Queue": c.Queue != "", "QueueType": c.QueueType != "",
+		"RetryQueue": c.RetryQueue != "", "Topology": c.Topology != Declare,
+	} {
+		if isSet {
+			set = append(set, name)
+		}
+	}
+	slices.Sort(set)
+	return set
 }
 
 // validate checks the fields every source needs.
@@ -291,9 +316,7 @@ func (c *Config) validate() error {
 		return configError("Pool is required")
 	case c.BatchMaxWait < 0:
 		return configError("BatchMaxWait must not be negative")
-	case c.Queue != "" && c.Stream != "":
-		return configError("set Queue or Stream, not both")
-	case c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:
+	case c.Queue != "" && c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:
 		return configError("DeliveryLimit (%d) must exceed MaxCrashes + 1 (%d): idem must dead-letter a poison message before the broker does",
 			c.DeliveryLimit, c.MaxCrashes+1)
 	}
@@ -305,10 +328,39 @@ func (c *Config) sourceConfig() queuesource.Config {
 	return queuesource.Config{
 		Name: c.Name, AMQPURL: c.AMQPURL, ConnectionName: c.ConnectionName,
 		Queue: c.Queue, RetryQueue: c.RetryQueue, DeadLetterQueue: c.DeadLetterQueue, QueueType: c.QueueType,
-		Topology: queuesource.Topology(c.Topology), DeliveryLimit: c.DeliveryLimit, Prefetch: c.Prefetch,
-		Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,
+		Declare: c.Topology == Declare, Passive: c.Topology == Passive, DeliveryLimit: c.DeliveryLimit,
+		Prefetch: c.Prefetch, Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,
 		MaxBufferedBytes: c.MaxBufferedBytes, ReconnectMaxDelay: c.ReconnectMaxDelay,
 		RetryBaseDelay: c.RetryBaseDelay, RetryMaxDelay: c.RetryMaxDelay,
 		CommitTimeout: c.CommitTimeout, ShutdownTimeout: c.ShutdownTimeout, Logger: c.Logger,
+		OrderingKey: c.OrderingKey, AffinityKey: c.affinityKey(),
+	}
+}
+
+// affinityKey schedules by business key when there is no ordering key:
+// messages of one key go to one worker, whose batches then rarely meet
+// another worker's rows.
+func (c *Config) affinityKey() func(*Message) string {
+	if c.OrderingKey != nil || c.BusinessKey == nil {
+		return nil
+	}
+	return func(m *Message) string { return m.BusinessKey }
+}
+
+// engineConfig is the engine's part of the configuration, for a consumer
+// of source (a queue or a stream; Name when empty). Package consumer/stream
+// uses it too.
+func (c *Config) engineConfig(source string) engine.Config {
+	if source == "" {
+		source = c.Name
+	}
+	return engine.Config{
+		Name: c.Name, Source: source, Pool: c.Pool, Tables: c.Tables, Logger: c.Logger.With("consumer", c.Name),
+		MeterProvider: c.MeterProvider, TracerProvider: c.TracerProvider,
+		Hash: c.Hash, MessageID: c.MessageID, BusinessKey: c.BusinessKey,
+		MaxMessageBytes: c.MaxMessageBytes, MaxHeaders: c.MaxHeaders, MaxIDBytes: c.MaxIDBytes,
+		BatchRetries: c.BatchRetries, MaxAttempts: c.MaxAttempts, MaxCrashes: c.MaxCrashes,
+		CommitTimeout: c.CommitTimeout, HandlerTimeout: c.HandlerTimeout, LockTimeout: c.LockTimeout,
+		MaxConcurrency: c.Workers, StorePayloads: c.StorePayloads,
 	}
 }

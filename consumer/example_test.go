@@ -122,14 +122,14 @@ func ExampleConsumer_Process() {
 		runs++
 		return nil
 	})
-	msg := consumer.Incoming{MessageID: "m-1", Body: []byte(`{"amount":5}`)}
-	other := consumer.Incoming{MessageID: "m-1", Body: []byte(`{"amount":500}`)}
-	out, err := c.Process(ctx, []consumer.Incoming{msg, msg, msg, other})
+	msg := consumer.Message{MessageID: "m-1", Body: []byte(`{"amount":5}`)}
+	other := consumer.Message{MessageID: "m-1", Body: []byte(`{"amount":500}`)}
+	out, err := c.Process(ctx, []consumer.Message{msg, msg, msg, other})
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, o := range out {
-		fmt.Println(strings.TrimSpace(o.MessageID + " " + o.Result.String() + " " + o.Reason))
+		fmt.Println(strings.TrimSpace(o.Message.ID + " " + o.Outcome.String() + " " + o.Reason))
 	}
 	fmt.Println("handler runs:", runs)
 	// Output:
@@ -156,7 +156,7 @@ func ExampleDefer() {
 	c.Handle(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, d deposit) error {
 		return consumer.Defer(ctx, tx, increment, d.Account, d.Amount)
 	}))
-	_, err = c.Process(ctx, []consumer.Incoming{
+	_, err = c.Process(ctx, []consumer.Message{
 		{MessageID: "m-1", Body: []byte(`{"account":"A1","amount":5}`)},
 		{MessageID: "m-2", Body: []byte(`{"account":"A1","amount":7}`)},
 		{MessageID: "m-1", Body: []byte(`{"account":"A1","amount":5}`)},
@@ -191,7 +191,7 @@ func ExampleJSON() {
 		}
 		return consumer.Defer(ctx, tx, increment, d.Account, d.Amount)
 	}))
-	out, err := c.Process(ctx, []consumer.Incoming{
+	out, err := c.Process(ctx, []consumer.Message{
 		{MessageID: "m-1", Body: []byte(`{"account":"A1","amount":5}`)},
 		{MessageID: "m-2", Body: []byte(`{"account":"A1","amount":-5}`)},
 		{MessageID: "m-3", Body: []byte(`{"account":`)},
@@ -201,7 +201,7 @@ func ExampleJSON() {
 		log.Fatal(err)
 	}
 	for _, o := range out {
-		fmt.Println(strings.TrimSpace(o.MessageID + " " + o.Result.String() + " " + o.Reason))
+		fmt.Println(strings.TrimSpace(o.Message.ID + " " + o.Outcome.String() + " " + o.Reason))
 	}
 	// Output:
 	// m-1 processed
@@ -233,7 +233,7 @@ func ExampleConsumer_HandleBatch() {
 		_, err := tx.Exec(ctx, `INSERT INTO `+events+` (id, body) SELECT * FROM unnest($1::text[], $2::text[])`, ids, bodies)
 		return err
 	})
-	_, err = c.Process(ctx, []consumer.Incoming{
+	_, err = c.Process(ctx, []consumer.Message{
 		{MessageID: "e-1", Body: []byte(`placed`)},
 		{MessageID: "e-2", Body: []byte(`paid`)},
 		{MessageID: "e-1", Body: []byte(`placed`)}, // a duplicate never reaches the handlers

@@ -44,10 +44,10 @@ func TestHostileSchemaAndPrefixCannotInjectSQL(t *testing.T) {
 		_, err := l.Record(ctx, tx, ledger.Effect{Type: `t'; --`, BusinessKey: m.ID, Target: `"; --`, Request: map[string]string{"q": `'"`}})
 		return err
 	})
-	out, err := c.Process(ctx, []Incoming{{MessageID: `'); DROP TABLE x; --`, Body: []byte(`{}`)}, {MessageID: "bad", Body: []byte(`{}`)}})
+	out, err := c.Process(ctx, []Message{{MessageID: `'); DROP TABLE x; --`, Body: []byte(`{}`)}, {MessageID: "bad", Body: []byte(`{}`)}})
 	require.NoError(t, err)
-	require.Equal(t, "processed", out[0].Result.String())
-	require.Equal(t, "dead_lettered", out[1].Result.String())
+	require.Equal(t, "processed", out[0].Outcome.String())
+	require.Equal(t, "dead_lettered", out[1].Outcome.String())
 
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{canary}.Sanitize()).Scan(&n))

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
@@ -161,11 +162,11 @@ func TestHandlerThatCommitsThroughTheRawConnectionFailsLoudly(t *testing.T) {
 		}
 		return nil
 	}, nil)
-	out, err := c.Process(context.Background(), []Incoming{
+	out, err := c.Process(context.Background(), []Message{
 		{MessageID: "a", Body: []byte(`1`)}, {MessageID: "rogue", Body: []byte(`2`)}, {MessageID: "b", Body: []byte(`3`)},
 	})
 	require.NoError(t, err)
-	require.Equal(t, []Result{Duplicate, DeadLettered, Processed}, []Result{out[0].Result, out[1].Result, out[2].Result},
+	require.Equal(t, []idem.Outcome{idem.Duplicate, idem.DeadLettered, idem.Processed}, []idem.Outcome{out[0].Outcome, out[1].Outcome, out[2].Outcome},
 		"a was committed by the rogue COMMIT with its inbox row: a duplicate now, applied once")
 	require.Equal(t, deadletters.ReasonHandlerEndedTx, out[1].Reason)
 	require.Equal(t, map[string]int{"a": 1, "rogue": 1, "b": 1}, e.effects(),
@@ -267,16 +268,16 @@ func TestDeadLettersWithoutAnIdAreFoundByTheirPayloadHash(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.newConsumer(e.effectHandler(), nil)
-	out, err := c.Process(context.Background(), []Incoming{{Body: []byte(`no id`)}, {MessageID: "bad-\xff-id", Body: []byte(`x`)}})
+	out, err := c.Process(context.Background(), []Message{{Body: []byte(`no id`)}, {MessageID: "bad-\xff-id", Body: []byte(`x`)}})
 	require.NoError(t, err)
-	require.Equal(t, DeadLettered, out[0].Result)
+	require.Equal(t, idem.DeadLettered, out[0].Outcome)
 	ids := map[string]bool{}
 	rows, err := e.pool.Query(context.Background(), `SELECT message_id FROM `+e.tables.Table("dead_letters"))
 	require.NoError(t, err)
 	var id string
 	_, err = pgx.ForEachRow(rows, []any{&id}, func() error { ids[id] = true; return nil })
 	require.NoError(t, err)
-	require.True(t, ids["sha256:"+out[0].Hash.String()], "rows: %v", ids)
+	require.True(t, ids["sha256:"+out[0].Message.Hash.String()], "rows: %v", ids)
 	require.True(t, ids["bad-\uFFFD-id"], "rows: %v", ids)
 }
 
@@ -302,9 +303,9 @@ func TestAbandonedBatchHandlerDoesNotRaceTheRerun(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 	})
-	out, err := c.Process(context.Background(), []Incoming{{MessageID: "a", Body: []byte("1")}, {MessageID: "b", Body: []byte("2")}})
+	out, err := c.Process(context.Background(), []Message{{MessageID: "a", Body: []byte("1")}, {MessageID: "b", Body: []byte("2")}})
 	require.NoError(t, err)
-	require.Equal(t, []Result{Processed, Processed}, []Result{out[0].Result, out[1].Result})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, []idem.Outcome{out[0].Outcome, out[1].Outcome})
 	require.Equal(t, map[string]int{"a": 1, "b": 1}, e.effects())
 }
 
@@ -342,11 +343,11 @@ func TestHandlerContextHasItsDeadlineAndEndsWithDeadlineExceeded(t *testing.T) {
 		mu.Unlock()
 		return s.err
 	})
-	out, err := c.Process(ctx, []Incoming{{MessageID: "before", Body: []byte("{}")},
+	out, err := c.Process(ctx, []Message{{MessageID: "before", Body: []byte("{}")},
 		{MessageID: "waits", Body: []byte("{}")}, {MessageID: "after", Body: []byte("{}")}})
 	require.NoError(t, err)
 	require.Equal(t, []string{"processed", "retried", "processed"},
-		[]string{out[0].Result.String(), out[1].Result.String(), out[2].Result.String()})
+		[]string{out[0].Outcome.String(), out[1].Outcome.String(), out[2].Outcome.String()})
 	require.ErrorIs(t, out[1].Err, context.DeadlineExceeded)
 	require.ErrorContains(t, out[1].Err, "deadline")
 

@@ -3,9 +3,7 @@ package consumer
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,56 +14,22 @@ import (
 // Handler processes one message inside the batch transaction tx. Its writes
 // commit together with the message's inbox row, or not at all. Returning nil
 // marks the message processed; Permanent or DeadLetter errors dead-letter it;
-// any other error (or a panic) retries it later. The runtime owns tx: its
-// Commit and Rollback fail, and so do statements that would end it (COMMIT,
-// ROLLBACK, SAVEPOINT…); a handler that tries anyway is dead-lettered with
-// reason "handler_ended_transaction". ctx carries the HandlerTimeout deadline.
+// any other error (or a panic, which becomes an *idem.PanicError) retries it
+// later. The runtime owns tx: its Commit and Rollback fail with
+// idem.ErrTransactionControl, and so do statements that would end it
+// (COMMIT, ROLLBACK, SAVEPOINT…); a handler that tries anyway is
+// dead-lettered with reason "handler_ended_transaction". ctx carries the
+// HandlerTimeout deadline; past it the message's attempt fails with an
+// *idem.TimeoutError.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler processes the new messages of one batch, in delivery order,
 // inside the batch transaction tx. See Consumer.HandleBatch.
 type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
 
-// Message is one delivery as the handler sees it.
-type Message struct {
-	// ID is the message's identity in the inbox (by default the AMQP message-id).
-	ID string
-	// Body is the raw payload.
-	Body []byte
-	// Headers are the AMQP headers (application properties on streams).
-	Headers map[string]any
-	// ContentType is the AMQP content-type property.
-	ContentType string
-	// CorrelationID is the AMQP correlation-id property.
-	CorrelationID string
-	// Exchange is the exchange the message was published to.
-	Exchange string
-	// RoutingKey is the routing key the message was published with.
-	RoutingKey string
-	// Redelivered is the broker's redelivered flag.
-	Redelivered bool
-	// DeliveryCount is x-delivery-count, set by quorum queues on redelivery; 0 otherwise.
-	DeliveryCount int64
-	// Attempt is 1 for the first processing attempt and grows with each retry.
-	Attempt int
-	// Hash is the payload hash stored in the inbox.
-	Hash idem.Hash
-	// BusinessKey is set when Config.BusinessKey is.
-	BusinessKey string
-	// Source is the queue or stream the message came from.
-	Source string
-	// Offset is the stream offset; meaningful only when HasOffset.
-	Offset int64
-	// HasOffset reports whether the message came from a stream.
-	HasOffset bool
-	// Timestamp is the publisher's timestamp, when set.
-	Timestamp time.Time
-	// ReceivedAt is when the runtime took the delivery from the broker; for
-	// streams and replays, when it read the message's batch; for Process,
-	// Incoming.ReceivedAt, or when Process was called. Now minus ReceivedAt
-	// is the time the message has spent inside idem.
-	ReceivedAt time.Time
-}
+// Message is one message as the handler sees it: idem.Message, the one
+// model every part of idem shares.
+type Message = idem.Message
 
 // JSON adapts a handler that takes the decoded body. A body that does not
 // decode into T (unknown fields are allowed) dead-letters the message with
@@ -80,16 +44,18 @@ func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error)
 	}
 }
 
-// IDFunc extracts a message's identity. An empty id without error means the
-// message has none: it is dead-lettered with reason "missing_message_id".
-type IDFunc func(m *Message, messageID string) (string, error)
+// IDFunc extracts a message's identity from the message as the source
+// delivered it (m.ID is not set yet; m.MessageID is the message-id
+// property). An empty id without error means the message has none: it is
+// dead-lettered with reason "missing_message_id".
+type IDFunc func(m *Message) (string, error)
 
-// idFromProperty uses the AMQP message-id property. It is the default.
-func idFromProperty(_ *Message, messageID string) (string, error) { return messageID, nil }
+// idFromProperty uses the message-id property. It is the default.
+func idFromProperty(m *Message) (string, error) { return m.MessageID, nil }
 
 // IDFromHeader uses the string header name.
 func IDFromHeader(name string) IDFunc {
-	return func(m *Message, _ string) (string, error) {
+	return func(m *Message) (string, error) {
 		v, ok := m.Headers[name]
 		if !ok {
 			return "", nil
@@ -104,7 +70,7 @@ func IDFromHeader(name string) IDFunc {
 
 // IDFromJSONField uses the top-level string or number field of a JSON body.
 func IDFromJSONField(field string) IDFunc {
-	return func(m *Message, _ string) (string, error) {
+	return func(m *Message) (string, error) {
 		var obj map[string]json.RawMessage
 		if err := json.Unmarshal(m.Body, &obj); err != nil {
 			return "", fmt.Errorf("id field %q: %w", field, err)
@@ -129,7 +95,7 @@ func IDFromJSONField(field string) IDFunc {
 // the same body are then the same message. It is an explicit opt-in, never a
 // fallback, because two legitimate equal messages (two deposits of 5) would
 // collapse into one.
-func IDFromPayloadHash(m *Message, _ string) (string, error) {
+func IDFromPayloadHash(m *Message) (string, error) {
 	return "sha256:" + m.Hash.String(), nil
 }
 
@@ -143,6 +109,3 @@ func hashRaw(body []byte) (idem.Hash, error) { return idem.HashBytes(body), nil 
 // that was re-serialised (keys reordered, whitespace, 1.0 vs 1) is not a
 // conflict. A body that is not JSON is dead-lettered with "decode_error".
 func HashCanonicalJSON(body []byte) (idem.Hash, error) { return idem.HashJSON(body) }
-
-// errMissingID is the cause stored for missing_message_id dead letters.
-var errMissingID = errors.New("message has no id")

@@ -49,7 +49,7 @@ func TestProcessKeepsOrStampsReceivedAt(t *testing.T) {
 	}, nil)
 	earlier := time.Now().Add(-time.Hour)
 	before := time.Now()
-	_, err := c.Process(context.Background(), []Incoming{
+	_, err := c.Process(context.Background(), []Message{
 		{MessageID: "m-1", Body: []byte(`{}`), ReceivedAt: earlier},
 		{MessageID: "m-2", Body: []byte(`{}`)},
 	})
@@ -77,7 +77,7 @@ func TestBatchRunsInThePgBouncerQueryExecModes(t *testing.T) {
 				}
 				return Defer(ctx, tx, insert, m.ID, mode.String())
 			}, func(cfg *Config) { cfg.Pool, cfg.Name = pool, "test-"+mode.String() })
-			msgs := []Incoming{
+			msgs := []Message{
 				{MessageID: "a", Body: []byte("ok")},
 				{MessageID: "b", Body: []byte("ok")},
 				{MessageID: "a", Body: []byte("ok")},
@@ -88,7 +88,7 @@ func TestBatchRunsInThePgBouncerQueryExecModes(t *testing.T) {
 				require.NoError(t, err)
 				var r []string
 				for _, o := range out {
-					r = append(r, o.Result.String())
+					r = append(r, o.Outcome.String())
 				}
 				return r
 			}

@@ -41,7 +41,7 @@ type Stats struct {
 // Stats returns a snapshot of the counters.
 func (c *Consumer) Stats() Stats {
 	k := &c.eng.Counts
-	lag, _ := c.lag.Value()
+	lag, _ := c.eng.Lag.Value()
 	s := Stats{
 		Processed:         k.Processed.Load(),
 		Duplicates:        k.Duplicates.Load(),

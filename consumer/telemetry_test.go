@@ -115,7 +115,7 @@ func TestProcessReportsTheSameMetricsAsRun(t *testing.T) {
 	c := e.newConsumer(e.effectHandler(), func(cfg *Config) {
 		cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	})
-	_, err := c.Process(context.Background(), []Incoming{{MessageID: "a", Body: []byte(`1`)}, {MessageID: "a", Body: []byte(`1`)},
+	_, err := c.Process(context.Background(), []Message{{MessageID: "a", Body: []byte(`1`)}, {MessageID: "a", Body: []byte(`1`)},
 		{Body: []byte(`no id`)}})
 	require.NoError(t, err)
 	var rm metricdata.ResourceMetrics

@@ -24,18 +24,37 @@ const (
 	HistoryRedrivenFrom = "x-idem-redriven-from"
 )
 
+// Headers the runtime sets on the copies it publishes to a retry or a
+// dead-letter queue. They inform operators (and Redrive, which moves them
+// into the history); the runtime itself never reads them back, since a
+// publisher controls headers: attempt counts and routes live in the
+// attempts table.
 const (
-	headerReason           = "x-idem-reason"
-	headerConsumer         = "x-idem-consumer"
-	headerPayloadHash      = "x-idem-payload-hash"
-	headerOriginalExchange = "x-idem-original-exchange"
-	headerOriginalKey      = "x-idem-original-routing-key"
+	// HeaderReason is why the message was dead-lettered.
+	HeaderReason = "x-idem-reason"
+	// HeaderError is the handler's error, or the dead letter's cause.
+	HeaderError = "x-idem-error"
+	// HeaderConsumer is the consumer that dead-lettered it.
+	HeaderConsumer = "x-idem-consumer"
+	// HeaderAttempts is how many times it was tried, on a dead letter.
+	HeaderAttempts = "x-idem-attempts"
+	// HeaderAttempt is the attempt it is parked for, on a retry.
+	HeaderAttempt = "x-idem-attempt"
+	// HeaderPayloadHash is its payload hash, in hex.
+	HeaderPayloadHash = "x-idem-payload-hash"
+	// HeaderStoredHash is the hash the inbox holds under its id, in hex,
+	// on a payload conflict.
+	HeaderStoredHash = "x-idem-stored-hash"
+	// HeaderOriginalExchange and HeaderOriginalRoutingKey are the route it
+	// was first published with.
+	HeaderOriginalExchange   = "x-idem-original-exchange"
+	HeaderOriginalRoutingKey = "x-idem-original-routing-key"
 )
 
 // kept are the x-idem- headers a redriven message keeps: its original route,
 // which the consumer shows to the handler as Message.Exchange and
 // RoutingKey, and its history.
-var kept = map[string]bool{headerOriginalExchange: true, headerOriginalKey: true, HistoryHeader: true}
+var kept = map[string]bool{HeaderOriginalExchange: true, HeaderOriginalRoutingKey: true, HistoryHeader: true}
 
 // dropped are counters the broker owns: carried over, the queue the message
 // goes back to would count its deliveries in the DLQ as its own.
@@ -69,7 +88,7 @@ func redriveHeaders(h amqp.Table, at time.Time, by, from string) amqp.Table {
 			out[k] = v
 		}
 	}
-	for _, k := range []string{headerOriginalExchange, headerOriginalKey} {
+	for _, k := range []string{HeaderOriginalExchange, HeaderOriginalRoutingKey} {
 		if v, ok := h[k]; ok {
 			entry[k] = v // the route stays on the message, and is recorded too
 		}
@@ -89,7 +108,7 @@ func redriveHeaders(h amqp.Table, at time.Time, by, from string) amqp.Table {
 // broker's dead-letter reason (delivery_limit, rejected, expired, maxlen)
 // for a message the broker dead-lettered itself.
 func reason(h amqp.Table) string {
-	if r, ok := h[headerReason].(string); ok {
+	if r, ok := h[HeaderReason].(string); ok {
 		return r
 	}
 	if r, ok := h["x-first-death-reason"].(string); ok {
@@ -107,7 +126,7 @@ func reason(h amqp.Table) string {
 
 // matches reports whether d is selected by o's filters.
 func (o RedriveOptions) matches(d amqp.Delivery) bool {
-	consumer, _ := d.Headers[headerConsumer].(string)
+	consumer, _ := d.Headers[HeaderConsumer].(string)
 	return (o.Consumer == "" || consumer == o.Consumer) &&
 		(o.MessageID == "" || d.MessageId == o.MessageID) &&
 		(o.Reason == "" || reason(d.Headers) == o.Reason)

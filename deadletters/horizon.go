@@ -38,7 +38,7 @@ func (r *redrive) beyondHorizon(ctx context.Context, d amqp.Delivery) error {
 	if r.o.AllowBeyondHorizon {
 		return nil
 	}
-	consumer, _ := d.Headers[headerConsumer].(string)
+	consumer, _ := d.Headers[HeaderConsumer].(string)
 	if consumer == "" {
 		consumer = r.o.Consumer
 	}
@@ -61,10 +61,10 @@ func (r *redrive) beyondHorizon(ctx context.Context, d amqp.Delivery) error {
 // row's time, or for a message the broker dead-lettered itself the time of
 // its x-death entry.
 func (r *redrive) entered(ctx context.Context, consumer string, d amqp.Delivery) (time.Time, error) {
-	hexHash, _ := d.Headers[headerPayloadHash].(string)
+	hexHash, _ := d.Headers[HeaderPayloadHash].(string)
 	if hash, err := hex.DecodeString(hexHash); err == nil && len(hash) == len(idem.Hash{}) {
 		var why *string
-		if s, ok := d.Headers[headerReason].(string); ok {
+		if s, ok := d.Headers[HeaderReason].(string); ok {
 			why = &s
 		}
 		var at time.Time

@@ -418,14 +418,14 @@ func (r *redrive) markRows(ctx context.Context, chunk []taken) (int, error) {
 				continue
 			}
 			d := t.d
-			consumer, _ := d.Headers[headerConsumer].(string)
-			hexHash, _ := d.Headers[headerPayloadHash].(string)
+			consumer, _ := d.Headers[HeaderConsumer].(string)
+			hexHash, _ := d.Headers[HeaderPayloadHash].(string)
 			hash, err := hex.DecodeString(hexHash)
 			if consumer == "" || err != nil || len(hash) != len(idem.Hash{}) {
 				continue // dead-lettered by the broker itself: no row
 			}
 			var why *string
-			if s, ok := d.Headers[headerReason].(string); ok {
+			if s, ok := d.Headers[HeaderReason].(string); ok {
 				why = &s
 			}
 			tag, err := tx.Exec(ctx, r.mark, consumer, hash, why, r.o.Operator)

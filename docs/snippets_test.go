@@ -187,9 +187,10 @@ type orderEvent struct {
 
 func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project consumer.Handler, tx pgx.Tx,
 	id, status string, version int, upsert func(context.Context, pgx.Tx, orderEvent) error, ev orderEvent) error {
-	c, err := consumer.New(consumer.Config{Name: "orders-overview", Stream: "orders.events", Pool: pool, AMQPURL: url})
+	c, err := consumer.New(consumer.Config{Name: "orders-overview", Pool: pool, AMQPURL: url})
 	c.Handle(project)
-	err = stream.Run(ctx, c) // until ctx is cancelled
+	s, err := stream.New(c, stream.Config{Stream: "orders.events"})
+	err = stream.Run(ctx, s) // until ctx is cancelled
 
 	overview, err := projection.New(projection.Config{
 		Name:   "order_overview", // metrics, parked events, rebuild runs
@@ -209,8 +210,8 @@ func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project c
 	VALUES ($1, $2, $3) ON CONFLICT (order_id) DO UPDATE SET …`, id, status, version)
 		_ = err
 	}
-	s, err := replay.Run(ctx, c, replay.Options{Mode: idem.Rebuild, Projection: overview, Progress: os.Stderr})
-	_ = s
+	sum, err := replay.Run(ctx, s, replay.Options{Mode: idem.Rebuild, Projection: overview, Progress: os.Stderr})
+	_ = sum
 
 	type event = orderEvent
 	guard, err := projection.NewGuard(projection.GuardConfig[event]{

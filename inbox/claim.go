@@ -84,7 +84,7 @@ type statements struct {
 	unclaimBatch                                                        string
 	lookup, stats, cutoff, cleanup, horizon, horizons, deleteScope      string
 	hold, release, held                                                 string
-	forgetDiff, learnDiff, transferForget, transferLearn                string
+	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims  string
 }
 
 func newStatements(table, horizons, holds string) statements {
@@ -104,6 +104,7 @@ func newStatements(table, horizons, holds string) statements {
 		learnDiff:      f(learnDiffSQL),
 		transferForget: f(transferForgetSQL),
 		transferLearn:  f(transferLearnSQL),
+		removeClaims:   f(removeClaimsSQL),
 		unclaim:        f(unclaimSQL),
 		unclaimBatch:   f(unclaimBatchSQL),
 		lookup:         f(lookupSQL),
@@ -397,6 +398,26 @@ func (ib *Inbox) Unclaim(ctx context.Context, tx pgx.Tx, consumer, messageID str
 		return fmt.Errorf("inbox: unclaim %q for consumer %q: %w", messageID, consumer, ErrNotClaimed)
 	}
 	return nil
+}
+
+// Execer runs a statement: a *pgx.Conn, a pgx.Tx or a *pgxpool.Pool.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+const removeClaimsSQL = `DELETE FROM %[1]s WHERE consumer = $1 AND message_id = ANY($2::text[])`
+
+// RemoveClaims deletes the rows of messageIDs, committed or not, outside
+// the transaction that claimed them: the runtime's repair of claims that a
+// handler committed before their time (a raw COMMIT past the guard), for
+// messages whose handlers had not completed. It records no horizon: the
+// messages were never applied. It returns how many rows it deleted.
+func (ib *Inbox) RemoveClaims(ctx context.Context, q Execer, consumer string, messageIDs []string) (int64, error) {
+	tag, err := q.Exec(ctx, ib.sql.removeClaims, consumer, messageIDs)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: remove %d claims: %w", len(messageIDs), err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // UnclaimBatch is Unclaim for many ids in one statement: it deletes the rows

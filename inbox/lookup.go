@@ -98,3 +98,22 @@ func (ib *Inbox) Stats(ctx context.Context, q Querier) ([]ConsumerStats, error) 
 	}
 	return stats, nil
 }
+
+// LookupClaims decides claims as Claim would, without claiming: each one
+// is looked up, in a read-only transaction say, and is NewMessage when the
+// inbox holds no row for it. Nothing is written, no sighting recorded.
+func (ib *Inbox) LookupClaims(ctx context.Context, q Querier, claims []Claim) ([]Result, error) {
+	out := make([]Result, len(claims))
+	for i, c := range claims {
+		rec, err := ib.Lookup(ctx, q, c.Consumer, c.MessageID)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			out[i] = Result{Decision: NewMessage, StoredHash: c.PayloadHash}
+		case err != nil:
+			return nil, err
+		default:
+			out[i] = decide(c.PayloadHash, rec.PayloadHash)
+		}
+	}
+	return out, nil
+}

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
@@ -22,7 +21,7 @@ type segment struct {
 	// mode goes into the handlers' context (idem.WithMode).
 	mode idem.Mode
 	// opts are the batch options, BeforeCommit and MessageContext aside.
-	opts engine.Options
+	policy engine.Policy
 	// scopes are the checkpoints advanced in each batch's transaction.
 	scopes []string
 	// audit writes a repair audit row per settled, selected message.
@@ -35,7 +34,7 @@ type segment struct {
 // rebuild, one up to the live checkpoint and one for the catch-up after it.
 func (r *runner) segments() (main, catchUp *segment) {
 	if r.o.Mode == idem.Forensic {
-		return &segment{mode: idem.Forensic, opts: engine.Options{ReadOnly: true}}, nil
+		return &segment{mode: idem.Forensic, policy: engine.Policy{Inbox: engine.Look}}, nil
 	}
 	own := runScope(r.cfg.Name, r.row.id)
 	switch r.o.Mode {
@@ -45,24 +44,21 @@ func (r *runner) segments() (main, catchUp *segment) {
 		// covers them, and the resumed run redoes them; effects are
 		// suppressed. The catch-up segment acts for the live consumer and
 		// commits synchronously.
-		return &segment{mode: idem.Rebuild, opts: engine.Options{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true},
+		return &segment{mode: idem.Rebuild, policy: engine.Policy{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true},
 				scopes: []string{own}},
 			&segment{mode: idem.Normal, scopes: []string{own, r.cfg.Name}, catchUp: true}
 	case idem.Repair:
 		match := r.o.Select.matcher()
-		only := func(it *engine.Item) bool { return match(message(it)) }
-		return &segment{mode: idem.Repair, opts: engine.Options{Only: only, Rerun: true}, scopes: []string{own}, audit: true}, nil
+		only := func(it *engine.Item) bool { return match(it.Message) }
+		return &segment{mode: idem.Repair, policy: engine.Policy{Select: only, Inbox: engine.Rerun}, scopes: []string{own}, audit: true}, nil
 	default:
 		return &segment{mode: idem.Normal, scopes: []string{own}}, nil
 	}
 }
 
-// message is the consumer's message behind an item.
-func message(it *engine.Item) *consumer.Message { return it.Msg.(*consumer.Message) }
-
 // batch processes consecutive records read from the stream.
 func (r *runner) batch(ctx context.Context, recs []streamio.Record) error {
-	items := r.sc.Prepare(streamio.Raws(r.o.Stream, recs, time.Now()))
+	items := r.eng.PrepareAll(streamio.Messages(r.o.Stream, recs, time.Now()))
 	if r.main == nil {
 		r.main, r.catchUp = r.segments()
 	}
@@ -89,7 +85,7 @@ func (r *runner) batch(ctx context.Context, recs []streamio.Record) error {
 // twice, not even a repair's re-run.
 func (r *runner) process(ctx context.Context, seg *segment, items []*engine.Item) error {
 	ctx = idem.WithMode(ctx, seg.mode)
-	o := engine.Ordered{Options: seg.opts, RetryBaseDelay: r.o.RetryDelay, RetryMaxDelay: 5 * time.Second}
+	o := engine.Ordered{Policy: seg.policy, RetryBaseDelay: r.o.RetryDelay, RetryMaxDelay: 5 * time.Second}
 	var captures map[int64]*ledger.Capture
 	if seg.mode == idem.Forensic {
 		captures = make(map[int64]*ledger.Capture, len(items))
@@ -115,7 +111,7 @@ func (r *runner) process(ctx context.Context, seg *segment, items []*engine.Item
 		}
 	}
 	o.Settled = func(it *engine.Item, res engine.Result) error { return r.account(seg, it, res, captures[it.Offset]) }
-	return r.sc.Engine.RunOrdered(ctx, ctx, items, o)
+	return r.eng.RunOrdered(ctx, ctx, items, o)
 }
 
 // account counts a settled message, and reports it in forensic mode.
@@ -131,20 +127,20 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 		s.CaughtUp++
 	}
 	switch res.Outcome {
-	case engine.Processed:
+	case idem.Processed:
 		s.Processed++
-	case engine.Duplicate:
+	case idem.Duplicate:
 		s.Duplicates++
-	case engine.Skipped:
+	case idem.Skipped:
 		s.Skipped++
-	case engine.DeadLettered:
+	case idem.DeadLettered:
 		s.DeadLettered++
 		if res.Reason == deadletters.ReasonPayloadConflict {
 			s.Conflicts++
 		} else {
 			s.HandlerErrors++
 		}
-	case engine.Retry: // forensic only: not retried, reported
+	case idem.Retried: // forensic only: not retried, reported
 		s.HandlerErrors++
 	}
 	r.settled.Add(1)

@@ -21,9 +21,8 @@ import (
 var overview, _ = projection.New(projection.Config{Name: "overview", Tables: []string{"overview"}})
 
 // newConsumer is the worker's stream consumer, with its handler.
-func newConsumer(pool *pgxpool.Pool) *consumer.Consumer {
-	c, err := consumer.New(consumer.Config{Name: "overview", Pool: pool, Stream: "orders.events",
-		AMQPURL: os.Getenv("IDEM_AMQP_URL")})
+func newConsumer(pool *pgxpool.Pool) *stream.Consumer {
+	c, err := consumer.New(consumer.Config{Name: "overview", Pool: pool, AMQPURL: os.Getenv("IDEM_AMQP_URL")})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -33,7 +32,11 @@ func newConsumer(pool *pgxpool.Pool) *consumer.Consumer {
 			ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, m.ID, m.Body)
 		return err
 	})
-	return c
+	s, err := stream.New(c, stream.Config{Stream: "orders.events"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return s
 }
 
 // Rebuild the projection from the whole stream while the live workers run:
@@ -89,28 +92,4 @@ func ExampleAbandon() {
 	if err := replay.Abandon(ctx, pool, idem.Tables{}, "20250131T120000-1a2b3c4d"); err != nil {
 		log.Fatal(err)
 	}
-}
-
-// A worker binary with a replay subcommand next to its worker:
-//
-//	worker
-//	replay --mode forensic --from 2025-01-31T00:00:00Z --report audit.jsonl
-//	replay --mode repair --key o-17 --reason "INC-42"
-func ExampleMain() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	c := newConsumer(pool)
-	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "replay" {
-		err = replay.Main(ctx, c, args[1:], replay.Command{Options: replay.Options{Projection: overview}})
-	} else {
-		err = stream.Run(ctx, c)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-	}
-	os.Exit(replay.ExitCode(err))
 }

@@ -162,13 +162,13 @@ func (h *handler) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev
 }
 
 // consumer returns the test consumer (name "test") of the env's stream.
-func (e *env) consumer(h *handler, edit func(*consumer.Config)) *consumer.Consumer {
+func (e *env) consumer(h *handler, edit func(*consumer.Config)) *stream.Consumer {
 	e.t.Helper()
 	if h == nil {
 		h = &handler{e: e}
 	}
 	cfg := consumer.Config{
-		Name: "test", Pool: e.pool, Tables: e.tables, Stream: e.stream, StreamURL: streamio.URLFromEnv(),
+		Name: "test", Pool: e.pool, Tables: e.tables,
 		Logger: testLogger(), RetryBaseDelay: 10 * time.Millisecond, RetryMaxDelay: 50 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second,
 		BusinessKey: func(m *consumer.Message) (string, error) {
@@ -183,11 +183,13 @@ func (e *env) consumer(h *handler, edit func(*consumer.Config)) *consumer.Consum
 	c, err := consumer.New(cfg)
 	require.NoError(e.t, err)
 	c.Handle(consumer.JSON(h.handle))
-	return c
+	s, err := stream.New(c, stream.Config{Stream: e.stream, URL: streamio.URLFromEnv()})
+	require.NoError(e.t, err)
+	return s
 }
 
 // runLive runs c as a live stream worker until its checkpoint reaches last.
-func (e *env) runLive(c *consumer.Consumer, last int64) {
+func (e *env) runLive(c *stream.Consumer, last int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -211,7 +213,7 @@ func (e *env) runLive(c *consumer.Consumer, last int64) {
 
 // startLive runs c as a live stream worker until the returned stop is
 // called (also at the end of the test).
-func (e *env) startLive(c *consumer.Consumer) (stop func()) {
+func (e *env) startLive(c *stream.Consumer) (stop func()) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -40,7 +40,6 @@ func TestNormalReplayRefusesToStartBelowTheInboxHorizon(t *testing.T) {
 	_, err := Run(ctx, e.consumer(nil, nil), Options{Mode: idem.Normal})
 	require.ErrorIs(t, err, inbox.ErrBeyondHorizon)
 	require.ErrorContains(t, err, "start at 10 or later")
-	require.Equal(t, 2, ExitCode(err))
 	require.Zero(t, e.count("SELECT count(*) FROM "+e.tables.Table("replay_runs")), "a refused replay registers no run")
 	for id, n := range e.applied() {
 		require.Equal(t, 1, n, id)

@@ -62,7 +62,7 @@ func (r *runner) runOnline(ctx context.Context) error {
 	r.log.Info("online rebuild started", "projection", r.proj.Name(), "tables", r.proj.Tables(),
 		"after", done, "resumed", r.sum.Resumed)
 	r.main = &segment{mode: idem.Rebuild, scopes: []string{runScope(r.cfg.Name, r.row.id)},
-		opts: engine.Options{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true}}
+		policy: engine.Policy{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true}}
 	if err := r.build(shadow.With(ctx, r.proj.Name()), done); err != nil {
 		return r.resumable(ctx, err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/projection"
 )
 
@@ -186,8 +187,8 @@ const defaultBatchSize = 1000
 
 // withDefaults fills the defaults from c and checks what can be checked
 // without the broker or the database.
-func (o Options) withDefaults(c *consumer.Consumer) (Options, error) {
-	cfg := c.Config()
+func (o Options) withDefaults(s *stream.Consumer) (Options, error) {
+	cfg := s.Consumer().Config()
 	if o.now == nil {
 		o.now = time.Now
 	}
@@ -204,14 +205,14 @@ func (o Options) withDefaults(c *consumer.Consumer) (Options, error) {
 		o.RetryDelay = 100 * time.Millisecond
 	}
 	if o.Stream == "" {
-		o.Stream = cfg.Stream
+		o.Stream = s.Stream()
 	}
 	o.From, o.To = o.From.from(), o.To.to()
 	o.Select.Keys, o.Select.IDs = clean(o.Select.Keys), clean(o.Select.IDs)
-	return o, o.validate(c)
+	return o, o.validate(cfg)
 }
 
-func (o Options) validate(c *consumer.Consumer) error {
+func (o Options) validate(cfg consumer.Config) error {
 	now := o.now()
 	switch o.Mode {
 	case idem.Normal, idem.Rebuild, idem.Forensic, idem.Repair:
@@ -256,7 +257,7 @@ func (o Options) validate(c *consumer.Consumer) error {
 		return invalid("a repair needs a selection: business keys or message ids")
 	case o.Mode == idem.Repair && o.RunID == "" && (strings.TrimSpace(o.Operator) == "" || strings.TrimSpace(o.Reason) == ""):
 		return invalid("a repair needs an operator and a reason for the audit")
-	case o.Mode == idem.Repair && len(o.Select.Keys) > 0 && c.Config().BusinessKey == nil:
+	case o.Mode == idem.Repair && len(o.Select.Keys) > 0 && cfg.BusinessKey == nil:
 		return invalid("selecting by business key needs the consumer's Config.BusinessKey")
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
@@ -146,7 +147,7 @@ func TestRebuildFailsFastWhileALiveWorkerHoldsTheStreamLock(t *testing.T) {
 	ctx := context.Background()
 	e.publish(msgs(0, 10)...)
 	c := e.consumer(nil, nil)
-	lock, err := pglock.Acquire(ctx, e.pool, store.StreamLockKey(e.tables, c.Config().Name, c.Config().Stream), pglock.Config{Logger: testLogger()})
+	lock, err := pglock.Acquire(ctx, e.pool, store.StreamLockKey(e.tables, c.Consumer().Config().Name, c.Stream()), pglock.Config{Logger: testLogger()})
 	require.NoError(t, err)
 	_, err = Run(ctx, c, Options{Mode: idem.Rebuild, Reset: e.reset})
 	require.ErrorIs(t, err, ErrLiveWorker)
@@ -291,9 +292,11 @@ func TestReplayRejectsArgumentsThatMakeNoSenseBeforeAnythingRuns(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	c, err := consumer.New(consumer.Config{Name: "test", Pool: pool, Stream: "s", StreamURL: "rabbitmq-stream://nobody@127.0.0.1:1/"})
+	cc, err := consumer.New(consumer.Config{Name: "test", Pool: pool})
 	require.NoError(t, err)
-	c.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	cc.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	c, err := stream.New(cc, stream.Config{Stream: "s", URL: "rabbitmq-stream://nobody@127.0.0.1:1/"})
+	require.NoError(t, err)
 	future := time.Now().Add(time.Hour)
 	p, err := projection.New(projection.Config{Name: "p", Tables: []string{"t"}})
 	require.NoError(t, err)

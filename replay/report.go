@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/safetext"
@@ -106,7 +107,7 @@ func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.
 	if p.enc == nil {
 		return nil
 	}
-	m := message(it)
+	m := it.Message
 	line := ReportLine{
 		Kind: "message", Offset: it.Offset, MessageID: m.ID, BusinessKey: m.BusinessKey,
 		PayloadHash: m.Hash.String(), Inbox: inboxStates[res.Inbox], Outcome: "ok", Effects: []ReportEffect{},
@@ -118,9 +119,9 @@ func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.
 		line.Inbox = "forgotten"
 	}
 	switch res.Outcome {
-	case engine.Retry:
+	case idem.Retried:
 		line.Outcome, line.Error = "error", safetext.Error(res.Err)
-	case engine.DeadLettered:
+	case idem.DeadLettered:
 		line.Outcome, line.Reason, line.Error = "dead_letter", res.Reason, safetext.Error(res.Err)
 	}
 	for _, e := range effects {

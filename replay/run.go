@@ -15,8 +15,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/pglock"
-	"github.com/idemkit/idem/internal/seam"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/ledger"
@@ -95,7 +95,7 @@ func (s Summary) Findings() bool { return s.Conflicts > 0 || s.HandlerErrors > 0
 
 // runner is the state of one Run call.
 type runner struct {
-	sc     seam.Consumer
+	eng    *engine.Engine
 	ib     *inbox.Inbox // the consumer's inbox: its horizon, the rebuild's scope
 	cfg    consumer.Config
 	o      Options
@@ -123,8 +123,8 @@ type runner struct {
 // errEnd stops a read that reached the run's fixed end.
 var errEnd = errors.New("replay: end reached")
 
-// Run replays opts.Stream (default: the consumer's stream) through c's
-// handler in opts.Mode, from opts.From to an end fixed when the run first
+// Run replays opts.Stream (default: the stream s reads) through its
+// consumer's handler in opts.Mode, from opts.From to an end fixed when the run first
 // starts, and returns when the end is reached. See the package
 // documentation for what each mode does. A run interrupted by an error or a
 // cancelled ctx resumes from its checkpoint when Run is called again with
@@ -132,32 +132,27 @@ var errEnd = errors.New("replay: end reached")
 //
 // A forensic replay that finds conflicts or handler errors returns its
 // Summary with an error wrapping ErrFindings.
-func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, error) {
+func Run(ctx context.Context, s *stream.Consumer, opts Options) (Summary, error) {
 	started := time.Now()
-	o, err := opts.withDefaults(c)
+	o, err := opts.withDefaults(s)
 	if err != nil {
 		return Summary{}, err
 	}
-	cfg := c.Config()
-	if o.Mode == idem.Rebuild && o.Stream != cfg.Stream {
-		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", cfg.Stream, o.Stream)
+	cfg := s.Consumer().Config()
+	if o.Mode == idem.Rebuild && o.Stream != s.Stream() {
+		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", s.Stream(), o.Stream)
 	}
-	uri, err := stream.URL(cfg)
-	if err != nil {
-		return Summary{}, err
-	}
-	env, err := streamio.Open(ctx, streamio.Config{URI: uri, Logger: o.Logger})
+	env, err := streamio.Open(ctx, streamio.Config{URI: s.URL(), Logger: o.Logger})
 	if err != nil {
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
 	defer env.Close()
-	sc, _ := seam.Of(c)
 	ib, err := inbox.New(inbox.Config{Tables: cfg.Tables})
 	if err != nil {
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
 	r := &runner{
-		sc: sc, ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		eng: s.Engine(engine.Key{}), ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
 		log:  o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
 		sum:  Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
 		proj: o.Projection, tally: newTally(),

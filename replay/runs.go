@@ -109,10 +109,10 @@ func (r *runner) audit(ctx context.Context, tx pgx.Tx, items []*engine.Item, res
 	)
 	for i, it := range items {
 		o := res[i]
-		if o.Outcome != engine.Processed && o.Outcome != engine.DeadLettered {
+		if o.Outcome != idem.Processed && o.Outcome != idem.DeadLettered {
 			continue // skipped (not selected) or retried (audited when settled)
 		}
-		m := message(it)
+		m := it.Message
 		h := m.Hash
 		offsets = append(offsets, it.Offset)
 		ids = append(ids, m.ID)

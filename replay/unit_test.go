@@ -1,11 +1,6 @@
 package replay
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -75,26 +70,4 @@ func TestProgressWritesLinesWhenNotATerminal(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(w.String()), "\n")
 	require.Equal(t, "replay normal s: 100%, 10 messages, offset 9 of 9", lines[len(lines)-1][:len("replay normal s: 100%, 10 messages, offset 9 of 9")])
 	require.NotContains(t, w.String(), "\r", "no bar outside a terminal")
-}
-
-func TestMainRejectsBadArgumentsWithExitCode2(t *testing.T) {
-	t.Parallel()
-	for _, args := range [][]string{
-		{"--mode", "forensic", "--from", "yesterday"},
-		{"--mode", "forensic", "--to", "-3"},
-		{"--mode", "normal", "extra"},
-		{"--mode", "normal", "--report", "x.jsonl"},
-		{"--mode", "rebuild", "--abandon"},
-		{"--mode", "forensic", "--abandon", "--run-id", "r-1"},
-		{"--no-such-flag"},
-	} {
-		var out, errOut bytes.Buffer
-		err := Main(context.Background(), nil, args, Command{Stdout: &out, Stderr: &errOut})
-		require.ErrorIs(t, err, ErrUsage, "%q", args)
-		require.Equal(t, 2, ExitCode(err))
-	}
-	require.Equal(t, 0, ExitCode(nil))
-	require.Equal(t, 0, ExitCode(flag.ErrHelp))
-	require.Equal(t, 1, ExitCode(fmt.Errorf("run: %w", ErrFindings)))
-	require.Equal(t, 2, ExitCode(errors.New("database down")))
 }

@@ -24,7 +24,7 @@ func TestDeadLettersListShowsReasonAndFilters(t *testing.T) {
 	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return consumer.Permanent(errors.New("card expired"))
 	})
-	_, err = c.Process(context.Background(), []consumer.Incoming{
+	_, err = c.Process(context.Background(), []consumer.Message{
 		{MessageID: "m-1", Body: []byte(`{}`)},
 		{Body: []byte(`{}`)},
 	})

@@ -39,23 +39,24 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) idem.Tables {
 	return tables
 }
 
-// Incoming returns a message with id and raw body.
-func Incoming(id string, body []byte) consumer.Incoming {
-	return consumer.Incoming{MessageID: id, Body: body}
+// Message returns a message with message-id id and raw body.
+func Message(id string, body []byte) consumer.Message {
+	return consumer.Message{MessageID: id, Body: body}
 }
 
-// IncomingJSON returns a message with id and v encoded as its JSON body.
-func IncomingJSON(id string, v any) consumer.Incoming {
+// MessageJSON returns a message with message-id id and v encoded as its
+// JSON body.
+func MessageJSON(id string, v any) consumer.Message {
 	body, err := json.Marshal(v)
 	if err != nil {
 		panic("consumertest: encode message body: " + err.Error())
 	}
-	return consumer.Incoming{MessageID: id, Body: body, ContentType: "application/json"}
+	return consumer.Message{MessageID: id, Body: body, ContentType: "application/json"}
 }
 
 // Times returns n copies of m, as a broker redelivering it would.
-func Times(n int, m consumer.Incoming) []consumer.Incoming {
-	out := make([]consumer.Incoming, n)
+func Times(n int, m consumer.Message) []consumer.Message {
+	out := make([]consumer.Message, n)
 	for i := range out {
 		out[i] = m
 		out[i].Redelivered = i > 0
@@ -64,8 +65,8 @@ func Times(n int, m consumer.Incoming) []consumer.Incoming {
 }
 
 // Deliver processes msgs as one batch through c (see consumer.Consumer.Process)
-// and returns their outcomes in order. The test fails if the batch itself fails.
-func Deliver(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Incoming) []consumer.Outcome {
+// and returns their results in order. The test fails if the batch itself fails.
+func Deliver(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Message) []consumer.Result {
 	tb.Helper()
 	out, err := c.Process(context.Background(), msgs)
 	if err != nil {
@@ -76,72 +77,72 @@ func Deliver(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Incoming) []c
 
 // DeliverEach processes every message in its own batch, in order, as a
 // broker delivering them one by one would.
-func DeliverEach(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Incoming) []consumer.Outcome {
+func DeliverEach(tb testing.TB, c *consumer.Consumer, msgs ...consumer.Message) []consumer.Result {
 	tb.Helper()
-	var all []consumer.Outcome
+	var all []consumer.Result
 	for _, m := range msgs {
 		all = append(all, Deliver(tb, c, m)...)
 	}
 	return all
 }
 
-// Results returns how many outcomes ended with each result.
-func Results(out []consumer.Outcome) map[consumer.Result]int {
-	m := map[consumer.Result]int{}
-	for _, o := range out {
-		m[o.Result]++
+// Outcomes returns how many results ended with each outcome.
+func Outcomes(res []consumer.Result) map[idem.Outcome]int {
+	m := map[idem.Outcome]int{}
+	for _, r := range res {
+		m[r.Outcome]++
 	}
 	return m
 }
 
-// RequireProcessed fails the test unless exactly one outcome for id is
-// consumer.Processed: the handler's effect happened once.
-func RequireProcessed(tb testing.TB, out []consumer.Outcome, id string) {
+// RequireProcessed fails the test unless exactly one result for message id
+// id is idem.Processed: the handler's effect happened once.
+func RequireProcessed(tb testing.TB, res []consumer.Result, id string) {
 	tb.Helper()
-	if n := count(out, id, consumer.Processed, ""); n != 1 {
-		tb.Fatalf("consumertest: message %q processed %d times, want once; outcomes: %s", id, n, describe(out))
+	if n := count(res, id, idem.Processed, ""); n != 1 {
+		tb.Fatalf("consumertest: message %q processed %d times, want once; results: %s", id, n, describe(res))
 	}
 }
 
-// RequireDuplicates fails the test unless n outcomes for id are
-// consumer.Duplicate.
-func RequireDuplicates(tb testing.TB, out []consumer.Outcome, id string, n int) {
+// RequireDuplicates fails the test unless n results for id are
+// idem.Duplicate.
+func RequireDuplicates(tb testing.TB, res []consumer.Result, id string, n int) {
 	tb.Helper()
-	if got := count(out, id, consumer.Duplicate, ""); got != n {
-		tb.Fatalf("consumertest: message %q had %d duplicates, want %d; outcomes: %s", id, got, n, describe(out))
+	if got := count(res, id, idem.Duplicate, ""); got != n {
+		tb.Fatalf("consumertest: message %q had %d duplicates, want %d; results: %s", id, got, n, describe(res))
 	}
 }
 
-// RequireDeadLettered fails the test unless some outcome for id is
-// consumer.DeadLettered with reason (see package deadletters for the
-// runtime's reasons).
-func RequireDeadLettered(tb testing.TB, out []consumer.Outcome, id, reason string) {
+// RequireDeadLettered fails the test unless some result for id is
+// idem.DeadLettered with reason (see package deadletters for the runtime's
+// reasons).
+func RequireDeadLettered(tb testing.TB, res []consumer.Result, id, reason string) {
 	tb.Helper()
-	if count(out, id, consumer.DeadLettered, reason) == 0 {
-		tb.Fatalf("consumertest: message %q not dead-lettered with reason %q; outcomes: %s", id, reason, describe(out))
+	if count(res, id, idem.DeadLettered, reason) == 0 {
+		tb.Fatalf("consumertest: message %q not dead-lettered with reason %q; results: %s", id, reason, describe(res))
 	}
 }
 
-func count(out []consumer.Outcome, id string, result consumer.Result, reason string) int {
+func count(res []consumer.Result, id string, outcome idem.Outcome, reason string) int {
 	n := 0
-	for _, o := range out {
-		if o.MessageID == id && o.Result == result && (reason == "" || o.Reason == reason) {
+	for _, r := range res {
+		if r.Message.ID == id && r.Outcome == outcome && (reason == "" || r.Reason == reason) {
 			n++
 		}
 	}
 	return n
 }
 
-func describe(out []consumer.Outcome) string {
+func describe(res []consumer.Result) string {
 	b, _ := json.Marshal(func() []map[string]string {
 		var rows []map[string]string
-		for _, o := range out {
-			row := map[string]string{"id": o.MessageID, "result": o.Result.String()}
-			if o.Reason != "" {
-				row["reason"] = o.Reason
+		for _, r := range res {
+			row := map[string]string{"id": r.Message.ID, "outcome": r.Outcome.String()}
+			if r.Reason != "" {
+				row["reason"] = r.Reason
 			}
-			if o.Err != nil {
-				row["error"] = o.Err.Error()
+			if r.Err != nil {
+				row["error"] = r.Err.Error()
 			}
 			rows = append(rows, row)
 		}

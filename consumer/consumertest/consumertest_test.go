@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/deadletters"
@@ -46,10 +47,10 @@ func newDepositConsumer(t *testing.T) (*consumer.Consumer, func() int64) {
 func TestDeliverTimesAppliesOnce(t *testing.T) {
 	t.Parallel()
 	c, balance := newDepositConsumer(t)
-	out := consumertest.Deliver(t, c, consumertest.Times(3, consumertest.IncomingJSON("m-1", deposit{"A1", 5}))...)
+	out := consumertest.Deliver(t, c, consumertest.Times(3, consumertest.MessageJSON("m-1", deposit{"A1", 5}))...)
 	consumertest.RequireProcessed(t, out, "m-1")
 	consumertest.RequireDuplicates(t, out, "m-1", 2)
-	out = consumertest.DeliverEach(t, c, consumertest.IncomingJSON("m-1", deposit{"A1", 5}))
+	out = consumertest.DeliverEach(t, c, consumertest.MessageJSON("m-1", deposit{"A1", 5}))
 	consumertest.RequireDuplicates(t, out, "m-1", 1)
 	require.EqualValues(t, 5, balance())
 }
@@ -58,17 +59,17 @@ func TestDeliverReportsDeadLetters(t *testing.T) {
 	t.Parallel()
 	c, balance := newDepositConsumer(t)
 	out := consumertest.DeliverEach(t, c,
-		consumertest.IncomingJSON("m-1", deposit{"A1", 5}),
-		consumertest.IncomingJSON("m-1", deposit{"A1", 6}),
-		consumertest.Incoming("m-2", []byte(`{not json`)),
-		consumertest.IncomingJSON("m-3", deposit{"A1", -1}),
-		consumertest.IncomingJSON("", deposit{"A1", 1}),
+		consumertest.MessageJSON("m-1", deposit{"A1", 5}),
+		consumertest.MessageJSON("m-1", deposit{"A1", 6}),
+		consumertest.Message("m-2", []byte(`{not json`)),
+		consumertest.MessageJSON("m-3", deposit{"A1", -1}),
+		consumertest.MessageJSON("", deposit{"A1", 1}),
 	)
 	consumertest.RequireProcessed(t, out, "m-1")
 	consumertest.RequireDeadLettered(t, out, "m-1", deadletters.ReasonPayloadConflict)
 	consumertest.RequireDeadLettered(t, out, "m-2", deadletters.ReasonDecodeError)
 	consumertest.RequireDeadLettered(t, out, "m-3", deadletters.ReasonPermanent)
 	consumertest.RequireDeadLettered(t, out, "", deadletters.ReasonMissingMessageID)
-	require.Equal(t, map[consumer.Result]int{consumer.Processed: 1, consumer.DeadLettered: 4}, consumertest.Results(out))
+	require.Equal(t, map[idem.Outcome]int{idem.Processed: 1, idem.DeadLettered: 4}, consumertest.Outcomes(out))
 	require.EqualValues(t, 5, balance())
 }

@@ -16,7 +16,7 @@
 //			t.Fatal(err)
 //		}
 //		c.Handle(applyDeposit)
-//		m := consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: 5})
+//		m := consumertest.MessageJSON("m-1", Deposit{Account: "A1", Amount: 5})
 //		out := consumertest.Deliver(t, c, consumertest.Times(3, m)...)
 //		consumertest.RequireProcessed(t, out, "m-1")
 //		consumertest.RequireDuplicates(t, out, "m-1", 2)
@@ -40,8 +40,8 @@
 // batch of its own, the way a quiet queue does:
 //
 //	out := consumertest.DeliverEach(t, c,
-//		consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: -5}),
-//		consumertest.Incoming("m-2", []byte(`{"account":`)),
+//		consumertest.MessageJSON("m-1", Deposit{Account: "A1", Amount: -5}),
+//		consumertest.Message("m-2", []byte(`{"account":`)),
 //	)
 //	consumertest.RequireDeadLettered(t, out, "m-1", "invalid_deposit")
 //	consumertest.RequireDeadLettered(t, out, "m-2", "decode_error")
@@ -51,7 +51,7 @@
 // RequireProcessed, RequireDuplicates and RequireDeadLettered fail the test
 // with every outcome listed when the messages did not end as expected;
 // Results counts the outcomes by result for assertions of your own. A
-// handler error makes a message consumer.Retried: Process commits nothing
+// handler error makes a message idem.Retried: Process commits nothing
 // for it and leaves the retry to its caller.
 //
 // What needs a broker (retry queues, acks, reconnects, shutdown) is the

@@ -37,7 +37,7 @@ func TestDepositAppliesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Handle(applyDeposit)
-	m := consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: 5})
+	m := consumertest.MessageJSON("m-1", Deposit{Account: "A1", Amount: 5})
 	out := consumertest.Deliver(t, c, consumertest.Times(3, m)...)
 	consumertest.RequireProcessed(t, out, "m-1")
 	consumertest.RequireDuplicates(t, out, "m-1", 2)
@@ -51,8 +51,8 @@ func TestInvalidDepositIsDeadLettered(t *testing.T) {
 	}
 	c.Handle(applyDeposit)
 	out := consumertest.DeliverEach(t, c,
-		consumertest.IncomingJSON("m-1", Deposit{Account: "A1", Amount: -5}),
-		consumertest.Incoming("m-2", []byte(`{"account":`)),
+		consumertest.MessageJSON("m-1", Deposit{Account: "A1", Amount: -5}),
+		consumertest.Message("m-2", []byte(`{"account":`)),
 	)
 	consumertest.RequireDeadLettered(t, out, "m-1", "invalid_deposit")
 	consumertest.RequireDeadLettered(t, out, "m-2", "decode_error")

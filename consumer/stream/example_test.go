@@ -31,7 +31,6 @@ func ExampleRun() {
 
 	c, err := consumer.New(consumer.Config{
 		Name:    "orders-projection",
-		Stream:  name,
 		Pool:    pool,
 		Tables:  tables,
 		AMQPURL: amqpURL(),
@@ -44,9 +43,13 @@ func ExampleRun() {
 		return consumer.Defer(ctx, tx, `INSERT INTO `+tables.QuotedSchema()+`.events (stream_offset, body) VALUES ($1, $2)`,
 			m.Offset, string(m.Body))
 	})
+	s, err := stream.New(c, stream.Config{Stream: name})
+	if err != nil {
+		log.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	ran := make(chan error, 1)
-	go func() { ran <- stream.Run(runCtx, c) }()
+	go func() { ran <- stream.Run(runCtx, s) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for s := c.Stats(); s.Processed+s.Duplicates < int64(events); s = c.Stats() {
 		if time.Now().After(deadline) {

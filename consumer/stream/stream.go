@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,65 +14,117 @@ import (
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/retry"
-	"github.com/idemkit/idem/internal/seam"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
 )
+
+// Config says which stream a Consumer reads.
+type Config struct {
+	// Stream is the RabbitMQ stream to read. Required.
+	Stream string
+	// URL is the stream protocol URL. Default: IDEM_STREAM_URL, else
+	// derived from the consumer's AMQPURL (same credentials, host and
+	// vhost, port 5552), else rabbitmq-stream://guest:guest@127.0.0.1:5552/.
+	URL string
+}
+
+// Consumer is a consumer.Consumer that reads a stream: in order, with the
+// checkpoint in each batch's transaction, one active reader per (Name,
+// Stream) across processes. Build it with New; register the handler on the
+// consumer.Consumer it wraps (Handle, HandleBatch); run it with Run.
+type Consumer struct {
+	c      *consumer.Consumer
+	eng    *engine.Engine
+	stream string
+	url    string
+}
+
+// New makes c, a consumer built with consumer.New without a Queue, read
+// cfg.Stream. It refuses a c whose Config sets fields only a queue reads
+// (consumer.Config.QueueOnly): a wrong combination fails here, never in Run.
+func New(c *consumer.Consumer, cfg Config) (*Consumer, error) {
+	ccfg := c.Config()
+	if cfg.Stream == "" {
+		return nil, fmt.Errorf("%w: stream.New needs Config.Stream", consumer.ErrConfig)
+	}
+	if set := ccfg.QueueOnly(); len(set) > 0 {
+		return nil, fmt.Errorf("%w: a stream consumer reads no queue; leave %s unset (queue only)", consumer.ErrConfig,
+			strings.Join(set, ", "))
+	}
+	url, err := resolveURL(cfg.URL, ccfg.AMQPURL)
+	if err != nil {
+		return nil, err
+	}
+	eng := c.Engine(engine.Key{})
+	eng.SetSource(cfg.Stream)
+	return &Consumer{c: c, eng: eng, stream: cfg.Stream, url: url}, nil
+}
+
+// Consumer returns the consumer.Consumer s reads for: its Config, Health,
+// Stats, Process.
+func (s *Consumer) Consumer() *consumer.Consumer { return s.c }
+
+// Stream is the stream s reads.
+func (s *Consumer) Stream() string { return s.stream }
+
+// URL is the stream protocol URL s reads from.
+func (s *Consumer) URL() string { return s.url }
+
+// Engine gives the module's replay package the consumer's runtime; its
+// argument's type is internal to idem: no other package can call it.
+func (s *Consumer) Engine(engine.Key) *engine.Engine { return s.eng }
+
+// Run reads s's stream until ctx is cancelled (see Consumer.Run).
+func Run(ctx context.Context, s *Consumer) error { return s.Run(ctx) }
+
+// Run reads the stream until ctx is cancelled. Only the process holding the
+// stream's advisory lock reads; the others wait for it. On cancellation the
+// batch in progress commits (bounded by ShutdownTimeout) and Run returns
+// nil. Reading that fails (a lost connection, a lost lock) resumes from the
+// checkpoint after a backoff.
+func (s *Consumer) Run(ctx context.Context) error {
+	cfg := s.c.Config()
+	if s.eng.Config().Handler == nil {
+		return fmt.Errorf("%w: no handler: call Handle before Run", consumer.ErrConfig)
+	}
+	stopped := s.eng.Started(ctx)
+	env, err := streamio.Open(ctx, streamio.Config{URI: s.url, Logger: cfg.Logger})
+	if err != nil {
+		err = fmt.Errorf("stream: %w", err)
+		stopped(err)
+		return err
+	}
+	r := &reader{cfg: cfg, stream: s.stream, eng: s.eng, env: env, gate: store.SwapGate(cfg.Tables, cfg.Name, s.stream)}
+	err = r.run(ctx)
+	env.Close()
+	stopped(err)
+	return err
+}
+
+// resolveURL is the stream protocol URL: url, else IDEM_STREAM_URL, else
+// derived from amqpURL.
+func resolveURL(url, amqpURL string) (string, error) {
+	switch {
+	case url != "":
+		return url, nil
+	case os.Getenv("IDEM_STREAM_URL") != "" || amqpURL == "":
+		return streamio.URLFromEnv(), nil
+	default:
+		return streamio.StreamURL(amqpURL)
+	}
+}
 
 // errLockLost ends a reading session whose advisory lock went away.
 var errLockLost = errors.New("stream: lost the stream lock")
 
 // reader is one Run call.
 type reader struct {
-	cfg consumer.Config
-	c   seam.Consumer
-	env *streamio.Env
+	cfg    consumer.Config
+	stream string
+	eng    *engine.Engine
+	env    *streamio.Env
 	// gate orders the batches with a rebuild's swap (store.SwapGate).
 	gate int64
-}
-
-// Run consumes c's Config.Stream until ctx is cancelled. Only the process
-// holding the stream's advisory lock reads; the others wait for it. On
-// cancellation the batch in progress commits (bounded by ShutdownTimeout)
-// and Run returns nil. Reading that fails (a lost connection, a lost lock)
-// resumes from the checkpoint after a backoff.
-func Run(ctx context.Context, c *consumer.Consumer) error {
-	cfg := c.Config()
-	if cfg.Stream == "" {
-		return fmt.Errorf("%w: stream.Run needs Config.Stream", consumer.ErrConfig)
-	}
-	sc, _ := seam.Of(c)
-	stopped := sc.Engine.Started(ctx)
-	err := run(ctx, cfg, sc)
-	stopped(err)
-	return err
-}
-
-func run(ctx context.Context, cfg consumer.Config, sc seam.Consumer) error {
-	uri, err := URL(cfg)
-	if err != nil {
-		return err
-	}
-	env, err := streamio.Open(ctx, streamio.Config{URI: uri, Logger: cfg.Logger})
-	if err != nil {
-		return fmt.Errorf("stream: %w", err)
-	}
-	defer env.Close()
-	r := &reader{cfg: cfg, c: sc, env: env, gate: store.SwapGate(cfg.Tables, cfg.Name, cfg.Stream)}
-	return r.run(ctx)
-}
-
-// URL is the stream protocol URL of cfg: StreamURL, else IDEM_STREAM_URL,
-// else derived from AMQPURL (same credentials, host and vhost, port 5552).
-func URL(cfg consumer.Config) (string, error) {
-	switch {
-	case cfg.StreamURL != "":
-		return cfg.StreamURL, nil
-	case os.Getenv("IDEM_STREAM_URL") != "" || cfg.AMQPURL == "":
-		return streamio.URLFromEnv(), nil
-	default:
-		return streamio.StreamURL(cfg.AMQPURL)
-	}
 }
 
 func (r *reader) run(ctx context.Context) error {
@@ -79,10 +132,10 @@ func (r *reader) run(ctx context.Context) error {
 	defer stopWork()
 	stopLag := r.watchLag(ctx)
 	defer stopLag()
-	eng := r.c.Engine
+	eng := r.eng
 	vitals := &eng.Vitals
-	log := r.cfg.Logger.With("consumer", r.cfg.Name, "stream", r.cfg.Stream)
-	key := store.StreamLockKey(r.cfg.Tables, r.cfg.Name, r.cfg.Stream)
+	log := r.cfg.Logger.With("consumer", r.cfg.Name, "stream", r.stream)
+	key := store.StreamLockKey(r.cfg.Tables, r.cfg.Name, r.stream)
 	for failures := 0; ; {
 		log.Info("waiting to become the active stream reader")
 		vitals.Connected.Store(true) // a hot standby is ready to take over
@@ -131,7 +184,7 @@ func sessionWorked(committed bool, lived time.Duration) bool {
 // follow reads from after the checkpoint until ctx ends, the lock is lost,
 // or reading fails.
 func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
-	last, ok, err := store.Checkpoint(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Name, r.cfg.Stream)
+	last, ok, err := store.Checkpoint(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Name, r.stream)
 	if err != nil {
 		return err
 	}
@@ -139,7 +192,7 @@ func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
 	if ok {
 		from = last + 1
 	}
-	r.c.Lag.Checkpoint.Store(from - 1)
+	r.eng.Lag.Checkpoint.Store(from - 1)
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() { // owned: ends with fctx, which follow cancels on return
@@ -149,7 +202,7 @@ func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
 		case <-fctx.Done():
 		}
 	}()
-	err = r.env.Follow(fctx, r.cfg.Stream, from, r.cfg.BatchMaxSize, func(_ context.Context, recs []streamio.Record) error {
+	err = r.env.Follow(fctx, r.stream, from, r.cfg.BatchMaxSize, func(_ context.Context, recs []streamio.Record) error {
 		return r.batch(fctx, work, recs)
 	})
 	if cause := context.Cause(fctx); errors.Is(cause, errLockLost) {
@@ -164,16 +217,16 @@ func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
 // tables in waits for it, and the next batch waits for the swap, so that
 // it writes to the new tables, after the rebuild's last message.
 func (r *reader) batch(ctx, work context.Context, recs []streamio.Record) error {
-	items := r.c.Prepare(streamio.Raws(r.cfg.Stream, recs, time.Now()))
-	err := r.c.Engine.RunOrdered(ctx, work, items, engine.Ordered{
-		Options:        engine.Options{Gate: r.gate},
+	items := r.eng.PrepareAll(streamio.Messages(r.stream, recs, time.Now()))
+	err := r.eng.RunOrdered(ctx, work, items, engine.Ordered{
+		Policy:         engine.StreamPolicy(r.gate),
 		RetryBaseDelay: r.cfg.RetryBaseDelay, RetryMaxDelay: r.cfg.RetryMaxDelay,
 		Checkpoint: func(ctx context.Context, tx pgx.Tx, upTo int64) error {
-			return store.AdvanceCheckpoint(ctx, tx, r.cfg.Tables, r.cfg.Name, r.cfg.Stream, upTo)
+			return store.AdvanceCheckpoint(ctx, tx, r.cfg.Tables, r.cfg.Name, r.stream, upTo)
 		},
 	})
 	if err == nil {
-		r.c.Lag.Checkpoint.Store(recs[len(recs)-1].Offset)
+		r.eng.Lag.Checkpoint.Store(recs[len(recs)-1].Offset)
 	}
 	return err
 }
@@ -186,8 +239,8 @@ func (r *reader) watchLag(ctx context.Context) (stop func()) {
 	go func() {
 		defer close(done)
 		for {
-			if tail, ok, err := r.env.Tail(ctx, r.cfg.Stream); err == nil && ok {
-				r.c.Lag.Tail.Store(tail)
+			if tail, ok, err := r.env.Tail(ctx, r.stream); err == nil && ok {
+				r.eng.Lag.Tail.Store(tail)
 			}
 			if !retry.Sleep(ctx, 10*time.Second) {
 				return

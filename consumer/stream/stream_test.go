@@ -78,9 +78,9 @@ func (e *env) count(sql string) int {
 	return n
 }
 
-func (e *env) streamConsumer(name string, h consumer.Handler, edit func(*consumer.Config)) *consumer.Consumer {
+func (e *env) streamConsumer(name string, h consumer.Handler, edit func(*consumer.Config)) *stream.Consumer {
 	e.t.Helper()
-	cfg := consumer.Config{Name: "test", Pool: e.pool, Tables: e.tables, Stream: name, Logger: testrun.Logger(),
+	cfg := consumer.Config{Name: "test", Pool: e.pool, Tables: e.tables, Logger: testrun.Logger(),
 		AMQPURL: testbroker.URL(), RetryBaseDelay: 20 * time.Millisecond, RetryMaxDelay: 100 * time.Millisecond,
 		ReconnectMaxDelay: 500 * time.Millisecond, ShutdownTimeout: 10 * time.Second}
 	if edit != nil {
@@ -89,10 +89,12 @@ func (e *env) streamConsumer(name string, h consumer.Handler, edit func(*consume
 	c, err := consumer.New(cfg)
 	require.NoError(e.t, err)
 	c.Handle(h)
-	return c
+	s, err := stream.New(c, stream.Config{Stream: name})
+	require.NoError(e.t, err)
+	return s
 }
 
-func start(t *testing.T, c *consumer.Consumer) func() {
+func start(t *testing.T, c *stream.Consumer) func() {
 	return testrun.Start(t, func(ctx context.Context) error { return stream.Run(ctx, c) })
 }
 
@@ -131,7 +133,7 @@ func TestStreamConsumerResumesAfterItsCheckpointAndAppliesOnce(t *testing.T) {
 	for id, n := range eff {
 		require.Equal(t, 1, n, "message %s applied %d times", id, n)
 	}
-	s := c2.Stats()
+	s := c2.Consumer().Stats()
 	require.EqualValues(t, 100, s.Processed, "the second run starts after the checkpoint")
 	require.EqualValues(t, 50, s.Duplicates)
 }
@@ -179,12 +181,12 @@ func TestStreamStandbyTakesOverWhenTheActiveReaderStops(t *testing.T) {
 	start(t, standby)
 	publish(200, 300)
 	waitFor(t, 30*time.Second, "active reader took the new messages", func() bool { return e.checkpoint(stream) == 299 })
-	require.Zero(t, standby.Stats().Processed, "the standby must not read while the active reader holds the lock")
+	require.Zero(t, standby.Consumer().Stats().Processed, "the standby must not read while the active reader holds the lock")
 
 	stopActive()
 	publish(300, 400)
 	waitFor(t, 30*time.Second, "standby took over", func() bool { return e.checkpoint(stream) == 399 })
-	require.EqualValues(t, 100, standby.Stats().Processed)
+	require.EqualValues(t, 100, standby.Consumer().Stats().Processed)
 	eff := e.effects()
 	require.Len(t, eff, 400)
 	for id, n := range eff {
@@ -212,7 +214,7 @@ func TestStreamReaderBacksOffFromScratchAfterAWorkingSession(t *testing.T) {
 				int64(key>>32), int64(key&0xffffffff)).Scan(&n))
 			return n > 0
 		})
-		waitFor(t, 10*time.Second, "the reader noticed", func() bool { return c.Stats().Reconnects == int64(round) })
+		waitFor(t, 10*time.Second, "the reader noticed", func() bool { return c.Consumer().Stats().Reconnects == int64(round) })
 		from := 10 * round
 		publish(from, from+10)
 		waitFor(t, 3*time.Second, fmt.Sprintf("round %d read within a few seconds", round), func() bool {

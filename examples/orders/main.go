@@ -35,6 +35,7 @@ import (
 	"syscall"
 
 	"github.com/idemkit/idem/replay"
+	"github.com/idemkit/idem/replay/replaycmd"
 )
 
 func main() {
@@ -44,7 +45,7 @@ func main() {
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 	}
-	os.Exit(replay.ExitCode(err))
+	os.Exit(replaycmd.ExitCode(err))
 }
 
 // options are the settings every command shares.
@@ -103,7 +104,7 @@ func replayCommand(ctx context.Context, o options, args []string) error {
 	if err != nil {
 		return err
 	}
-	return replay.Main(ctx, c, args, replay.Command{
+	return replaycmd.Main(ctx, c, args, replaycmd.Command{
 		Options: replay.Options{Projection: overview, Reset: resetProjection(o)},
 		KeyFlag: "order",
 	})

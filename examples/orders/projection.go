@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/migrate"
 	"github.com/idemkit/idem/projection"
@@ -71,14 +72,12 @@ func newOverview(o options) (*projection.Projection, error) {
 }
 
 // newConsumer builds the projection's stream consumer.
-func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*consumer.Consumer, error) {
+func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*stream.Consumer, error) {
 	tables := idem.Tables{Schema: o.schema}
 	c, err := consumer.New(consumer.Config{
 		Name:        consumerName,
 		Pool:        pool,
-		Stream:      o.stream,
 		AMQPURL:     o.amqpURL,
-		StreamURL:   o.streamURL,
 		Tables:      tables,
 		Logger:      o.logger,
 		BusinessKey: orderKey,
@@ -102,7 +101,7 @@ func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection)
 		return nil, err
 	}
 	c.Handle(consumer.JSON(p.handle))
-	return c, nil
+	return stream.New(c, stream.Config{Stream: o.stream, URL: o.streamURL})
 }
 
 // orderKey is the business key: the order id. Repairs select by it.

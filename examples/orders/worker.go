@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
@@ -45,7 +44,7 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 	}
 	o.logger.Info("worker started", "stream", o.stream, "schema", o.schema, "mail", o.mailURL)
 	err = runWorker(ctx, o, pool, c)
-	s := c.Stats()
+	s := c.Consumer().Stats()
 	o.logger.Info("worker stopped", "processed", s.Processed, "duplicates", s.Duplicates, "dead_lettered", s.DeadLettered)
 	return err
 }
@@ -53,7 +52,7 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 // runWorker runs the projection's stream consumer (active, or hot standby
 // while another process reads the stream) and the ledger dispatcher that
 // sends the e-mails, until ctx is cancelled.
-func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.Consumer) error {
+func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *stream.Consumer) error {
 	d, err := ledger.NewDispatcher(ledger.DispatcherConfig{
 		Pool:   pool,
 		Tables: idem.Tables{Schema: o.schema},
@@ -77,7 +76,7 @@ func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.C
 	})
 	if o.healthAddr != "" {
 		wg.Go(func() {
-			healthErr = health.ListenAndServe(ctx, o.healthAddr, d, c)
+			healthErr = health.ListenAndServe(ctx, o.healthAddr, d, c.Consumer())
 			cancel()
 		})
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 )
 
@@ -45,7 +46,7 @@ func TestHandlerDeadLettersInvalidEnvelopes(t *testing.T) {
 	h := &captureHandler{}
 	// The envelope is checked before the transaction is used.
 	err := h.handle(t.Context(), nil, &consumer.Message{ID: "m-1", Body: []byte(`{}`)})
-	var dl *consumer.DeadLetterError
+	var dl *idem.DeadLetterError
 	require.True(t, errors.As(err, &dl), "got %v", err)
 	require.Equal(t, reasonInvalidEnvelope, dl.Reason)
 }

@@ -1,18 +1,56 @@
-// Package engine is idem's one batch pipeline. A source (the AMQP queue,
-// a stream, a replay, consumer.Process) hands it a batch of prepared items;
-// the engine runs them in one PostgreSQL transaction — claim every id in
-// the inbox with one statement, run the handler of each new message (back to
-// back, or in a savepoint each), flush deferred writes, write dead-letter
-// rows and attempt counts, commit — and reports each item's Result. The
-// source then acks, checkpoints or retries.
+// Package engine is idem's one batch pipeline. A source (the AMQP queue, a
+// stream, a replay, consumer.Process) hands it messages; the engine derives
+// their identity, runs a batch of them in one PostgreSQL transaction — claim
+// every id in the inbox with one statement, run the handler of each new
+// message (back to back, or in a savepoint each), flush deferred writes,
+// write dead-letter rows and attempt counts, commit — and reports each
+// message's Result. The source then acks, checkpoints or retries, and counts.
 //
 // Around that transaction the engine holds every policy the sources share:
 // the fallbacks (a duplicate met by a plain INSERT claim, a handler error in
 // a batch without savepoints), the retry of a failed transaction (split in
 // halves, cheap conflicts through a short lock_timeout), the handler
-// deadline and the abandonment of a handler that ignores it, the isolation of
-// suspected poison messages, the admission of concurrent batches, and the one
-// ordered loop that streams and replays use.
+// deadline and the abandonment of a handler that ignores it, the isolation
+// of suspected poison messages, the admission of concurrent batches, and the
+// one ordered loop that streams and replays use. What differs from source to
+// source is its Policy.
+//
+// # The path of a message
+//
+// A new message from a queue, on its way to success, is read in eight files,
+// none entered more than twice, in this order:
+//
+//  1. consumer/consumer.go: Consumer.Run hands the queue to its source.
+//  2. internal/queuesource/source.go: Source.Run keeps a broker session;
+//     serve's router takes each delivery off the channel (burst), and
+//     builds its idem.Message.
+//  3. internal/queuesource/window.go: take puts the delivery in the
+//     session's window of unsettled deliveries: the acker will ack it, the
+//     gate counts its bytes.
+//  4. internal/engine/engine.go: PrepareAll derives each message's identity
+//     (hash, id, business key) or its rejection, and wraps it in an Item.
+//     Back in source.go, route hands it to a worker (by ordering key), the
+//     worker collects a batch and runBatch calls Engine.Run.
+//  5. internal/engine/run.go: Run admits the batch (the governor), runs it
+//     once (once, the cheapest way that works) under a supervisor
+//     (supervised) and retries or splits a batch whose transaction fails.
+//  6. internal/engine/attempt.go: attempt is the transaction: begin, claim
+//     the ids (inbox/claim.go: ClaimNewBatch), runHandlers, commit, end.
+//  7. internal/engine/handlers.go: runHandlers runs each new message's
+//     handler under its deadline (call), through the guarded transaction
+//     (handlerTx), and decides its result.
+//     Back in attempt.go, commit flushes what the handlers deferred and
+//     commits; end releases the rows the batch wrote (handlers.go again:
+//     writeKeys) and the connection.
+//  8. internal/queuesource/window.go again: settle acks the batch (one
+//     multiple ack when it can) and gives its bytes back; engine.go again:
+//     Count adds the results to the counters and metrics.
+//
+// A handler that defers its writes (consumer.Defer) adds its own calls to
+// consumer/defer.go and deferred.go; a duplicate takes the claim's second
+// statement (ClaimBatch); a failure goes through records.go (dead-letter
+// rows, attempt counts) and queuesource/copies.go (the retry or dead-letter
+// copy). A stream or a replay enters run.go through RunOrdered (ordered.go).
 package engine
 
 import (
@@ -20,17 +58,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/pglock"
+	"github.com/idemkit/idem/internal/safetext"
 )
 
 // Config configures an Engine. Every field is required unless its comment
@@ -38,23 +83,31 @@ import (
 type Config struct {
 	// Name is the default inbox scope.
 	Name string
+	// Source is a message's source when it names none: the queue or stream.
+	Source string
 	// Pool is the PostgreSQL pool.
 	Pool *pgxpool.Pool
 	// Tables says where idem's tables are.
 	Tables idem.Tables
 	// Logger receives the engine's logs.
 	Logger *slog.Logger
-	// Telemetry holds the instruments.
-	Telemetry *Telemetry
-	// Handler runs one item inside the batch transaction. It must recover
-	// its own panics (into an error).
-	Handler func(ctx context.Context, tx pgx.Tx, it *Item) error
-	// BatchHandler, when set, runs all of a batch's new items at once. It
-	// must recover its own panics.
-	BatchHandler func(ctx context.Context, tx pgx.Tx, its []*Item) error
-	// DeadLetterReason reports whether a handler error asks for a dead
-	// letter (consumer.Permanent, consumer.DeadLetter), and why.
-	DeadLetterReason func(err error) (reason string, ok bool)
+	// MeterProvider and TracerProvider provide the instruments; nil means
+	// the global ones.
+	MeterProvider  metric.MeterProvider
+	TracerProvider trace.TracerProvider
+	// Handler runs one message inside the batch transaction.
+	Handler func(ctx context.Context, tx pgx.Tx, m *idem.Message) error
+	// BatchHandler, when set, runs all of a batch's new messages at once.
+	BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*idem.Message) error
+	// Hash computes a message's payload hash.
+	Hash func(body []byte) (idem.Hash, error)
+	// MessageID derives a message's identity.
+	MessageID func(m *idem.Message) (string, error)
+	// BusinessKey, when set, derives a message's business key.
+	BusinessKey func(m *idem.Message) (string, error)
+	// MaxMessageBytes, MaxHeaders and MaxIDBytes bound a message; beyond
+	// them it is dead-lettered without running.
+	MaxMessageBytes, MaxHeaders, MaxIDBytes int
 	// BatchRetries is how many times a failed transaction is retried.
 	BatchRetries int
 	// MaxAttempts is how many times a message is tried before it is
@@ -80,6 +133,7 @@ type Config struct {
 type Engine struct {
 	cfg   Config
 	inbox *inbox.Inbox
+	dead  *deadletters.Writer
 	tel   *Telemetry
 	gov   *governor
 	keys  *writeKeys
@@ -91,6 +145,8 @@ type Engine struct {
 	Vitals Vitals
 	// DB probes the database while a source runs (see Started).
 	DB *health.Database
+	// Lag is a stream consumer's position, for the lag metric and Stats.
+	Lag Lag
 
 	// careful counts down the batches that run with savepoints after a
 	// handler failed in an optimistic batch.
@@ -111,14 +167,22 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	return &Engine{cfg: cfg, inbox: ib, tel: cfg.Telemetry, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
+	dead, err := deadletters.NewWriter(cfg.Tables)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	e := &Engine{cfg: cfg, inbox: ib, dead: dead, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
 		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name),
-		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}, nil
+		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}
+	if e.tel, err = newTelemetry(cfg.Name, cfg.Source, cfg.MeterProvider, cfg.TracerProvider, e.Lag.Value); err != nil {
+		return nil, fmt.Errorf("engine: telemetry: %w", err)
+	}
+	return e, nil
 }
 
-// SetBatchHandler sets the handler that runs all of a batch's new items at
-// once. Call it before the engine runs a batch.
-func (e *Engine) SetBatchHandler(h func(ctx context.Context, tx pgx.Tx, its []*Item) error) {
+// SetBatchHandler sets the handler that runs all of a batch's new messages
+// at once. Call it before the engine runs a batch.
+func (e *Engine) SetBatchHandler(h func(ctx context.Context, tx pgx.Tx, msgs []*idem.Message) error) {
 	e.cfg.BatchHandler = h
 }
 
@@ -128,65 +192,194 @@ func (e *Engine) Config() Config { return e.cfg }
 // Telemetry returns the engine's instruments, which sources share.
 func (e *Engine) Telemetry() *Telemetry { return e.tel }
 
+// prepareChunk is the smallest share of a batch prepared on a goroutine of
+// its own.
+const prepareChunk = 256
+
+// PrepareAll derives the identity of each message a source received — its
+// payload hash, its id, its business key — in place, or why it cannot be
+// processed, and wraps it in an Item. A message without a Source gets
+// Config.Source; without a ReceivedAt, the time of the call. It counts the
+// messages as consumed. A large batch (a stream's, a replay's) is split over
+// the CPUs: deriving hashes, ids and business keys (often a JSON decode) is
+// the largest part of the runtime's own CPU per message there, and the
+// database is idle meanwhile.
+func (e *Engine) PrepareAll(msgs []idem.Message) []*Item {
+	e.tel.consumed.Add(context.Background(), int64(len(msgs)), e.tel.consumedOpt...)
+	now := time.Now()
+	out := make([]*Item, len(msgs))
+	parts := min(runtime.GOMAXPROCS(0), len(msgs)/prepareChunk)
+	if parts <= 1 {
+		for i := range msgs {
+			out[i] = e.prepare(&msgs[i], now)
+		}
+		return out
+	}
+	size := (len(msgs) + parts - 1) / parts
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(msgs); lo += size {
+		hi := min(lo+size, len(msgs))
+		wg.Go(func() {
+			for i := lo; i < hi; i++ {
+				out[i] = e.prepare(&msgs[i], now)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// prepare derives m's identity and wraps it in an item.
+func (e *Engine) prepare(m *idem.Message, now time.Time) *Item {
+	if m.Headers == nil {
+		m.Headers = map[string]any{}
+	}
+	if m.Source == "" {
+		m.Source = e.cfg.Source
+	}
+	if m.ReceivedAt.IsZero() {
+		m.ReceivedAt = now
+	}
+	m.Attempt = max(m.Attempt, 1)
+	it := &Item{Message: m, Reject: e.derive(m)}
+	if it.Reject != nil && m.ID == "" && m.MessageID != "" {
+		// What the dead-letter row is found by: the id as far as it is text.
+		m.ID = safetext.Truncate(safetext.Clean(m.MessageID), 200)
+	}
+	return it
+}
+
+// errMissingID is the cause stored for missing_message_id dead letters.
+var errMissingID = errors.New("message has no id")
+
+// derive fills m's hash, id and business key, or says why it cannot be
+// processed.
+func (e *Engine) derive(m *idem.Message) *Reject {
+	reject := func(reason string, err error) *Reject {
+		if m.Hash.IsZero() { // rejected before Config.Hash could hash it
+			m.Hash = idem.HashBytes(m.Body)
+		}
+		return &Reject{Reason: reason, Err: err}
+	}
+	switch {
+	case len(m.Body) > e.cfg.MaxMessageBytes:
+		e.tel.Limit("message_bytes")
+		return reject(deadletters.ReasonTooLarge, fmt.Errorf("body has %d bytes, limit is %d", len(m.Body), e.cfg.MaxMessageBytes))
+	case len(m.Headers) > e.cfg.MaxHeaders:
+		e.tel.Limit("headers")
+		return reject(deadletters.ReasonTooManyHeaders, fmt.Errorf("message has %d headers, limit is %d", len(m.Headers), e.cfg.MaxHeaders))
+	}
+	h, err := e.cfg.Hash(m.Body)
+	if err != nil {
+		return reject(deadletters.ReasonDecodeError, fmt.Errorf("hash payload: %w", err))
+	}
+	m.Hash = h
+	id, err := e.cfg.MessageID(m)
+	switch {
+	case err != nil:
+		return reject(deadletters.ReasonInvalidMessageID, err)
+	case id == "":
+		return reject(deadletters.ReasonMissingMessageID, errMissingID)
+	case len(id) > e.cfg.MaxIDBytes:
+		e.tel.Limit("id_bytes")
+		return reject(deadletters.ReasonInvalidMessageID, fmt.Errorf("message id has %d bytes, limit is %d", len(id), e.cfg.MaxIDBytes))
+	case !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0:
+		return reject(deadletters.ReasonInvalidMessageID, errors.New("message id is not valid UTF-8 text"))
+	}
+	m.ID = id
+	if e.cfg.BusinessKey != nil {
+		key, err := e.cfg.BusinessKey(m)
+		if err == nil && (len(key) > e.cfg.MaxIDBytes || !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0) {
+			err = fmt.Errorf("business key is not valid UTF-8 text of at most %d bytes", e.cfg.MaxIDBytes)
+		}
+		if err != nil {
+			return reject(deadletters.ReasonInvalidKey, err)
+		}
+		m.BusinessKey = key
+	}
+	return nil
+}
+
 // Counters count what the engine and its sources did.
 type Counters struct {
 	Processed, Duplicates, Conflicts, DeadLettered, Retried, Unresolved atomic.Int64
 	Batches, AcksDropped, Reconnects, Abandoned, Contention, Postponed  atomic.Int64
 }
 
-// count adds one batch's outcomes to the counters.
-func (k *Counters) count(results []Result) {
-	for _, r := range results {
-		switch r.Outcome {
-		case Processed:
-			k.Processed.Add(1)
-		case Duplicate:
-			k.Duplicates.Add(1)
-		case DeadLettered:
-			if r.Reason == deadletters.ReasonPayloadConflict {
-				k.Conflicts.Add(1)
-			}
-			k.DeadLettered.Add(1)
-		case Retry:
-			k.Retried.Add(1)
-		case Unresolved:
-			k.Unresolved.Add(1)
-		case Postponed:
-			k.Postponed.Add(1)
+// Count adds a batch's results to the counters and metrics: by outcome (a
+// payload conflict counts as a dead letter, and as a conflict in the
+// metric), inbox decision and dead-letter reason. Sources call it once they
+// have acted on the results (the broker was told).
+func (e *Engine) Count(ctx context.Context, res []Result) {
+	k, t := &e.Counts, e.tel
+	var counts [idem.Postponed + 1]int64
+	var conflicts int64
+	decisions := map[inbox.Decision]int64{}
+	for _, r := range res {
+		if r.Inbox != 0 {
+			decisions[r.Inbox]++
+		}
+		switch {
+		case r.Outcome == idem.DeadLettered && r.Reason == deadletters.ReasonPayloadConflict:
+			conflicts++
+		case int(r.Outcome) < len(counts):
+			counts[r.Outcome]++
+		}
+		if r.Outcome == idem.DeadLettered {
+			t.deadLetters.Add(ctx, 1, t.with(reasonAttr(r.Reason)))
+		}
+	}
+	k.Processed.Add(counts[idem.Processed])
+	k.Duplicates.Add(counts[idem.Duplicate])
+	k.Conflicts.Add(conflicts)
+	k.DeadLettered.Add(counts[idem.DeadLettered] + conflicts)
+	k.Retried.Add(counts[idem.Retried])
+	k.Unresolved.Add(counts[idem.Unresolved])
+	k.Postponed.Add(counts[idem.Postponed])
+	if conflicts > 0 {
+		t.messages.Add(ctx, conflicts, t.conflictOpt...)
+	}
+	for o, n := range counts {
+		if opts, ok := t.byOutcome[idem.Outcome(o)]; ok && n > 0 {
+			t.messages.Add(ctx, n, opts...)
+		}
+	}
+	for d, n := range decisions {
+		if opts, ok := t.byDecision[d]; ok {
+			t.decisions.Add(ctx, n, opts...)
 		}
 	}
 }
 
-// TimeoutError is the error of a handler that ran past HandlerTimeout.
-type TimeoutError struct {
-	Limit time.Duration
-	// Abandoned reports that the handler ignored its context: its
-	// transaction was closed under it and its goroutine left behind.
-	Abandoned bool
+// Lag is a stream consumer's position: the last committed checkpoint and
+// the last sampled tail, for the lag metric and Stats.
+type Lag struct {
+	Checkpoint, Tail atomic.Int64
 }
 
-// Unwrap makes errors.Is(err, context.DeadlineExceeded) hold.
-func (e *TimeoutError) Unwrap() error { return context.DeadlineExceeded }
-
-func (e *TimeoutError) Error() string {
-	if e.Abandoned {
-		return fmt.Sprintf("handler ignored its context %s past its %s deadline and was abandoned", abandonGrace, e.Limit)
+// Value is the tail minus the checkpoint; ok is false before either is known.
+func (l *Lag) Value() (int64, bool) {
+	if l.Tail.Load() == 0 && l.Checkpoint.Load() == 0 {
+		return 0, false
 	}
-	return fmt.Sprintf("handler ran past its %s deadline", e.Limit)
+	return max(l.Tail.Load()-l.Checkpoint.Load(), 0), true
 }
 
-// classify turns a handler error into a dead letter or a retry.
-func (e *Engine) classify(it *Item, herr error) Result {
-	if reason, ok := e.cfg.DeadLetterReason(herr); ok {
-		return Result{Outcome: DeadLettered, Reason: reason, Err: herr}
-	}
-	if it.Attempt >= e.cfg.MaxAttempts {
-		reason := deadletters.ReasonMaxAttempts
-		if _, ok := errors.AsType[*TimeoutError](herr); ok {
-			reason = deadletters.ReasonHandlerTimeout
-		}
-		return Result{Outcome: DeadLettered, Reason: reason,
-			Err: fmt.Errorf("attempt %d of %d: %w", it.Attempt, e.cfg.MaxAttempts, herr)}
-	}
-	return Result{Outcome: Retry, Err: herr}
+// Key is what consumer.Consumer.Engine asks for. Only the module's own
+// packages (consumer/stream, replay) can name it, so only they can reach a
+// consumer's engine: there is no global seam between the packages.
+type Key struct{ _ [0]func() }
+
+// SetHandler sets the handler that runs one message. Call it before the
+// engine runs a batch.
+func (e *Engine) SetHandler(h func(ctx context.Context, tx pgx.Tx, m *idem.Message) error) {
+	e.cfg.Handler = h
+}
+
+// SetSource names the source the engine's messages come from when the
+// consumer that built it was not given one: a stream. Call it before the
+// engine runs a batch.
+func (e *Engine) SetSource(source string) {
+	e.cfg.Source = source
+	e.tel.setSource(source)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ type fixture struct {
 	update string
 }
 
-func newFixture(t *testing.T, handler func(ctx context.Context, tx pgx.Tx, it *Item) error, edit func(*Config)) *fixture {
+func newFixture(t *testing.T, handler func(ctx context.Context, tx pgx.Tx, it *idem.Message) error, edit func(*Config)) *fixture {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
 	f := &fixture{t: t, pool: pool, tables: tables,
@@ -39,15 +40,13 @@ func newFixture(t *testing.T, handler func(ctx context.Context, tx pgx.Tx, it *I
 	if handler == nil {
 		handler = f.updateAccount
 	}
-	tel, err := NewTelemetry("test", "test", nil, nil, func() (int64, bool) { return 0, false })
-	require.NoError(t, err)
-	cfg := Config{Name: "test", Pool: pool, Tables: tables, Logger: testrun.Logger(), Telemetry: tel, Handler: handler,
-		DeadLetterReason: func(error) (string, bool) { return "", false },
-		BatchRetries:     3, MaxAttempts: 3, MaxCrashes: 2, CommitTimeout: 10 * time.Second,
+	cfg := Config{Name: "test", Source: "test", Pool: pool, Tables: tables, Logger: testrun.Logger(), Handler: handler,
+		BatchRetries: 3, MaxAttempts: 3, MaxCrashes: 2, CommitTimeout: 10 * time.Second,
 		HandlerTimeout: 10 * time.Second, LockTimeout: 50 * time.Millisecond, MaxConcurrency: 4}
 	if edit != nil {
 		edit(&cfg)
 	}
+	var err error
 	f.eng, err = New(cfg)
 	require.NoError(t, err)
 	return f
@@ -67,18 +66,25 @@ func (f *fixture) balance(account int) int {
 	return b
 }
 
-func (f *fixture) updateAccount(ctx context.Context, tx pgx.Tx, it *Item) error {
-	_, err := tx.Exec(ctx, f.update, it.Msg.(int))
+// account is the account a test message updates: its body.
+func account(m *idem.Message) int {
+	n, _ := strconv.Atoi(string(m.Body))
+	return n
+}
+
+func (f *fixture) updateAccount(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
+	_, err := tx.Exec(ctx, f.update, account(it))
 	return err
 }
 
 // item is a message that updates account.
 func item(id string, account int) *Item {
-	return &Item{ID: id, Hash: idem.HashBytes([]byte(id)), Source: "test", Attempt: 1, Msg: account}
+	return &Item{Message: &idem.Message{ID: id, Hash: idem.HashBytes([]byte(id)), Source: "test", Attempt: 1,
+		Body: []byte(strconv.Itoa(account))}}
 }
 
-func outcomes(res []Result) []Outcome {
-	out := make([]Outcome, len(res))
+func outcomes(res []Result) []idem.Outcome {
+	out := make([]idem.Outcome, len(res))
 	for i, r := range res {
 		out[i] = r.Outcome
 	}
@@ -93,7 +99,7 @@ func TestMessageThatWouldWaitForAnotherBatchIsPostponed(t *testing.T) {
 	t.Parallel()
 	holding, release := make(chan struct{}), make(chan struct{})
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if err := f.updateAccount(ctx, tx, it); err != nil {
 			return err
 		}
@@ -105,16 +111,16 @@ func TestMessageThatWouldWaitForAnotherBatchIsPostponed(t *testing.T) {
 	}, nil)
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
 	<-holding
 	b1, b2 := item("b1", 1), item("b2", 2)
 	started := time.Now()
-	res := f.eng.Run(ctx, []*Item{b1, b2}, Options{Postpone: true})
-	require.Equal(t, []Outcome{Postponed, Processed}, outcomes(res))
+	res := f.eng.Run(ctx, []*Item{b1, b2}, Policy{Postpone: true})
+	require.Equal(t, []idem.Outcome{idem.Postponed, idem.Processed}, outcomes(res))
 	require.Less(t, time.Since(started), 5*time.Second, "b1 must not wait for batch A's lock")
 	close(release)
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
-	require.Equal(t, []Outcome{Processed}, outcomes(f.eng.Run(ctx, []*Item{b1}, Options{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1}, Policy{Postpone: true})))
 	require.Equal(t, 2, f.balance(1))
 	require.Equal(t, 1, f.balance(2))
 }
@@ -126,7 +132,7 @@ func TestPostponedMessageRunsAtTheEndOfItsBatchWhenTheRowIsFree(t *testing.T) {
 	t.Parallel()
 	holding, release, committedA := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if err := f.updateAccount(ctx, tx, it); err != nil {
 			return err
 		}
@@ -143,15 +149,15 @@ func TestPostponedMessageRunsAtTheEndOfItsBatchWhenTheRowIsFree(t *testing.T) {
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
 	go func() {
-		res := f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true})
+		res := f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true})
 		close(committedA)
 		doneA <- res
 	}()
 	<-holding
 	b1 := item("b1", 1)
-	require.Equal(t, []Outcome{Processed, Processed}, outcomes(f.eng.Run(ctx, []*Item{b1, item("b2", 2)}, Options{Postpone: true})))
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
-	require.Equal(t, []Outcome{Duplicate}, outcomes(f.eng.Run(ctx, []*Item{b1}, Options{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1, item("b2", 2)}, Policy{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
+	require.Equal(t, []idem.Outcome{idem.Duplicate}, outcomes(f.eng.Run(ctx, []*Item{b1}, Policy{Postpone: true})))
 	require.Equal(t, 2, f.balance(1))
 	require.Equal(t, 1, f.balance(2))
 }
@@ -162,7 +168,7 @@ func TestWithoutPostponeAMessageWaitsForTheOtherBatch(t *testing.T) {
 	t.Parallel()
 	holding, release := make(chan struct{}), make(chan struct{})
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if err := f.updateAccount(ctx, tx, it); err != nil {
 			return err
 		}
@@ -174,18 +180,18 @@ func TestWithoutPostponeAMessageWaitsForTheOtherBatch(t *testing.T) {
 	}, func(cfg *Config) { cfg.LockTimeout = 10 * time.Second })
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{}) }()
 	<-holding
 	doneB := make(chan []Result, 1)
-	go func() { doneB <- f.eng.Run(ctx, []*Item{item("b", 1)}, Options{}) }()
+	go func() { doneB <- f.eng.Run(ctx, []*Item{item("b", 1)}, Policy{}) }()
 	select {
 	case <-doneB:
 		t.Fatal("b committed while a held the row")
 	case <-time.After(200 * time.Millisecond):
 	}
 	close(release)
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneB))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneB))
 	require.Equal(t, 2, f.balance(1))
 }
 
@@ -199,7 +205,7 @@ func TestARowWrittenAfterAnotherBatchsLockStaysKnownUntilThatBatchEnds(t *testin
 	holdingA, releaseA := make(chan struct{}), make(chan struct{})
 	holdingB, releaseB := make(chan struct{}), make(chan struct{})
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if err := f.updateAccount(ctx, tx, it); err != nil {
 			return err
 		}
@@ -215,29 +221,29 @@ func TestARowWrittenAfterAnotherBatchsLockStaysKnownUntilThatBatchEnds(t *testin
 	}, func(cfg *Config) { cfg.LockTimeout = 10 * time.Second })
 	ctx := context.Background()
 	doneA, doneB := make(chan []Result, 1), make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
 	<-holdingA
 	b := item("b", 1)
 	b.postponed = maxPostponements // waits for the row like any other
-	go func() { doneB <- f.eng.Run(ctx, []*Item{b}, Options{Postpone: true}) }()
+	go func() { doneB <- f.eng.Run(ctx, []*Item{b}, Policy{Postpone: true}) }()
 	require.Eventually(t, func() bool { return f.waitingOnLocks() == 1 }, 5*time.Second, 10*time.Millisecond,
 		"b waits for a's lock on account 1")
 	close(releaseA)
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneA))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
 	<-holdingB // b wrote account 1 and holds it
 
 	doneC := make(chan []Result, 1)
-	go func() { doneC <- f.eng.Run(ctx, []*Item{item("c", 1)}, Options{Postpone: true}) }()
+	go func() { doneC <- f.eng.Run(ctx, []*Item{item("c", 1)}, Policy{Postpone: true}) }()
 	select {
 	case res := <-doneC:
-		require.Equal(t, []Outcome{Postponed}, outcomes(res))
+		require.Equal(t, []idem.Outcome{idem.Postponed}, outcomes(res))
 	case <-time.After(2 * time.Second):
 		close(releaseB)
 		<-doneC
 		t.Fatal("c waited for b's lock on account 1: the row was not known to be held")
 	}
 	close(releaseB)
-	require.Equal(t, []Outcome{Processed}, outcomes(<-doneB))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneB))
 	require.Zero(t, f.eng.Counts.Contention.Load())
 	require.Equal(t, 2, f.balance(1))
 }
@@ -257,7 +263,7 @@ func (f *fixture) waitingOnLocks() int {
 // skipped for good on restart.
 func TestSplitOrderedBatchNeverCheckpointsPastAnUnsettledMessage(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if it.Offset == 1 {
 			return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
 		}
@@ -288,13 +294,13 @@ func TestSplitOrderedBatchNeverCheckpointsPastAnUnsettledMessage(t *testing.T) {
 func TestRerunRunsEachMessageOncePerBatch(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error { runs.Add(1); return nil }, nil)
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error { runs.Add(1); return nil }, nil)
 	ctx := context.Background()
 	m := item("m", 0)
-	require.Equal(t, []Outcome{Processed}, outcomes(f.eng.Run(ctx, []*Item{m}, Options{})))
-	res, err := f.eng.Once(ctx, []*Item{item("m", 0), item("m", 0)}, Options{Rerun: true})
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{m}, Policy{})))
+	res, err := f.eng.RunWithoutRetries(ctx, []*Item{item("m", 0), item("m", 0)}, Policy{Inbox: Rerun})
 	require.NoError(t, err)
-	require.Equal(t, []Outcome{Processed, Duplicate}, outcomes(res))
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Duplicate}, outcomes(res))
 	require.EqualValues(t, 2, runs.Load())
 }
 
@@ -305,12 +311,12 @@ func TestBatchThatMeetsAClaimedMessageFallsBackToClaimBatch(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, nil)
 	ctx := context.Background()
-	require.Equal(t, []Outcome{Processed}, outcomes(f.eng.Run(ctx, []*Item{item("a", 1)}, Options{})))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{})))
 	require.Zero(t, f.eng.classicClaims.Load(), "a batch of new messages keeps the plain INSERT")
 	conflict := item("a", 1)
 	conflict.Hash = idem.HashBytes([]byte("another payload"))
-	res := f.eng.Run(ctx, []*Item{item("b", 2), item("a", 1), conflict, item("c", 3)}, Options{})
-	require.Equal(t, []Outcome{Processed, Duplicate, DeadLettered, Processed}, outcomes(res))
+	res := f.eng.Run(ctx, []*Item{item("b", 2), item("a", 1), conflict, item("c", 3)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Duplicate, idem.DeadLettered, idem.Processed}, outcomes(res))
 	require.EqualValues(t, classicClaimBatches, f.eng.classicClaims.Load(), "the next batches claim with ClaimBatch")
 	require.Equal(t, 1, f.balance(1))
 }
@@ -321,21 +327,21 @@ func TestBatchThatMeetsAClaimedMessageFallsBackToClaimBatch(t *testing.T) {
 func TestSuspectIsDeadLetteredAfterItsWorkerDiedMaxCrashesTimes(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error { runs.Add(1); return nil }, nil)
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error { runs.Add(1); return nil }, nil)
 	ctx := context.Background()
 	poison := item("poison", 0)
 	for range f.eng.cfg.MaxCrashes { // starts counted, never cleared: the worker died each time
 		_, err := f.eng.markStart(ctx, "test", poison)
 		require.NoError(t, err)
 	}
-	r := f.eng.RunAlone(ctx, item("poison", 0), Options{TrackAttempts: true})
-	require.Equal(t, DeadLettered, r.Outcome)
+	r := f.eng.RunAlone(ctx, item("poison", 0), Policy{RetryQueue: true})
+	require.Equal(t, idem.DeadLettered, r.Outcome)
 	require.Equal(t, "worker_crashed", r.Reason)
 	require.Zero(t, runs.Load(), "a poison message does not run again")
 
 	healthy := item("healthy", 0)
 	healthy.Suspect = true
-	require.Equal(t, Processed, f.eng.RunAlone(ctx, healthy, Options{TrackAttempts: true}).Outcome)
+	require.Equal(t, idem.Processed, f.eng.RunAlone(ctx, healthy, Policy{RetryQueue: true}).Outcome)
 	var rows int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("attempts")).Scan(&rows))
 	require.Zero(t, rows, "settled messages leave no attempts rows")
@@ -346,7 +352,7 @@ func TestSuspectIsDeadLetteredAfterItsWorkerDiedMaxCrashesTimes(t *testing.T) {
 func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
 	t.Parallel()
 	var seen []int
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		seen = append(seen, it.Attempt)
 		return errors.New("transient")
 	}, nil)
@@ -354,7 +360,7 @@ func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
 	for range 3 {
 		it := item("m", 0)
 		it.Returned = true // back from the retry queue
-		res := f.eng.Run(ctx, []*Item{it}, Options{TrackAttempts: true})
+		res := f.eng.Run(ctx, []*Item{it}, Policy{RetryQueue: true})
 		require.Len(t, res, 1)
 	}
 	require.Equal(t, 3, seen[len(seen)-1], "attempts: %v", seen)

@@ -4,10 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/safetext"
 )
 
 // runHandlers runs, in batch order, the handler of every item the inbox
@@ -22,8 +31,8 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 	for _, i := range runnable {
 		it, d := b.items[i], decisions[i]
 		if b.stopAt >= 0 && i > b.stopAt {
-			b.results[i] = Result{Outcome: Deferred}
-			if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
+			b.results[i] = Result{Outcome: idem.Held}
+			if d.Decision == inbox.NewMessage && b.policy.Inbox != Look {
 				b.unclaim = append(b.unclaim, it.ID)
 			}
 			continue
@@ -32,18 +41,18 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 		if d.Decision != inbox.NewMessage {
 			b.results[i].StoredHash = d.StoredHash
 		}
-		rerun := b.o.Rerun && d.Decision == inbox.Duplicate && !rerunIDs[it.ID]
+		rerun := b.policy.Inbox == Rerun && d.Decision == inbox.Duplicate && !rerunIDs[it.ID]
 		if rerun {
 			if rerunIDs == nil {
 				rerunIDs = map[string]bool{}
 			}
 			rerunIDs[it.ID] = true // a second copy in the batch is a duplicate of this run
 		}
-		if d.Decision != inbox.NewMessage && !b.o.ReadOnly && !rerun {
+		if d.Decision != inbox.NewMessage && b.policy.Inbox != Look && !rerun {
 			b.results[i] = notRun(it, d)
 			continue
 		}
-		if !b.p.savepoints && b.e.cfg.BatchHandler != nil && b.o.MessageContext == nil {
+		if !b.plan.savepoints && b.e.cfg.BatchHandler != nil && b.policy.MessageContext == nil {
 			together = append(together, i)
 			continue
 		}
@@ -54,7 +63,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 	if err := b.runPostponed(ctx, &savepoint); err != nil {
 		return err
 	}
-	b.deferAfterStop()
+	b.holdAfterStop()
 	if len(together) > 0 {
 		return b.runTogether(ctx, together)
 	}
@@ -64,12 +73,12 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 // runItem runs item i's handler, in a savepoint of its own when the batch
 // runs with savepoints; savepoint says whether one was taken before.
 func (b *batch) runItem(ctx context.Context, i int, d inbox.Result, savepoint *bool) error {
-	if b.p.savepoints {
+	if b.plan.savepoints {
 		stmt := "SAVEPOINT idem_message"
 		if *savepoint {
 			stmt = "RELEASE SAVEPOINT idem_message; SAVEPOINT idem_message"
 		}
-		sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+		sctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
 		_, err := b.tx.Exec(sctx, stmt)
 		cancel()
 		if err != nil {
@@ -95,7 +104,7 @@ func (b *batch) runItem(ctx context.Context, i int, d inbox.Result, savepoint *b
 func (b *batch) runPostponed(ctx context.Context, savepoint *bool) error {
 	var postponed []int
 	for _, i := range b.runnable {
-		if b.results[i].Outcome == Postponed {
+		if b.results[i].Outcome == idem.Postponed {
 			postponed = append(postponed, i)
 		}
 	}
@@ -105,7 +114,7 @@ func (b *batch) runPostponed(ctx context.Context, savepoint *bool) error {
 		}
 	}
 	for _, i := range postponed {
-		if b.results[i].Outcome == Postponed {
+		if b.results[i].Outcome == idem.Postponed {
 			b.items[i].postponed++
 			b.unclaim = append(b.unclaim, b.items[i].ID)
 		}
@@ -117,21 +126,21 @@ func (b *batch) runPostponed(ctx context.Context, savepoint *bool) error {
 // conflict, which is dead-lettered.
 func notRun(it *Item, d inbox.Result) Result {
 	if d.Decision == inbox.Duplicate {
-		return Result{Outcome: Duplicate, Inbox: d.Decision, StoredHash: d.StoredHash}
+		return Result{Outcome: idem.Duplicate, Inbox: d.Decision, StoredHash: d.StoredHash}
 	}
-	return Result{Outcome: DeadLettered, Reason: deadletters.ReasonPayloadConflict, StoredHash: d.StoredHash, Inbox: d.Decision,
+	return Result{Outcome: idem.DeadLettered, Reason: deadletters.ReasonPayloadConflict, StoredHash: d.StoredHash, Inbox: d.Decision,
 		Err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", it.Hash, d.StoredHash)}
 }
 
-// deferAfterStop leaves every item after an in-order stop for later, the
+// holdAfterStop leaves every item after an in-order stop for later, the
 // rejected ones too: they are dead-lettered when their turn comes.
-func (b *batch) deferAfterStop() {
+func (b *batch) holdAfterStop() {
 	if b.stopAt < 0 {
 		return
 	}
 	for i := b.stopAt + 1; i < len(b.items); i++ {
-		if o := b.results[i].Outcome; o != Deferred && o != Skipped {
-			b.results[i] = Result{Outcome: Deferred}
+		if o := b.results[i].Outcome; o != idem.Held && o != idem.Skipped {
+			b.results[i] = Result{Outcome: idem.Held}
 		}
 	}
 }
@@ -143,76 +152,61 @@ const maxPostponements = 3
 // runOne runs item i's handler and decides its result.
 func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	it := b.items[i]
-	b.htx.next(b.o.Postpone && it.postponed < maxPostponements && d.Decision == inbox.NewMessage)
-	herr, err := b.call(ctx, i, func(hctx context.Context) error { return b.e.cfg.Handler(hctx, b.htx, it) })
+	b.htx.next(b.policy.Postpone && it.postponed < maxPostponements && d.Decision == inbox.NewMessage)
+	herr, err := b.call(ctx, i, func(hctx context.Context) error { return b.e.handle(hctx, b.htx, it.Message) })
 	if err != nil {
 		return err
 	}
 	if b.htx.postponed {
 		// Nothing of it was written: it runs again at the end of the batch
 		// (runPostponed), or in a later one.
-		b.results[i] = Result{Outcome: Postponed, Inbox: d.Decision}
+		b.results[i] = Result{Outcome: idem.Postponed, Inbox: d.Decision}
 		return nil
 	}
 	if herr == nil {
-		b.results[i].Outcome = Processed
+		b.results[i].Outcome = idem.Processed
 		b.done[i] = true
 		return nil
 	}
-	if c := b.htx.contention; (c != nil || isContention(herr)) && !b.o.ReadOnly {
+	if c := b.htx.contention; (c != nil || isContention(herr)) && b.policy.Inbox != Look {
 		if c == nil {
 			c = herr
 		}
 		return &batchError{err: fmt.Errorf("message %s: %w", shortID(it.ID), c), contention: true, foreign: b.htx.foreign}
 	}
-	if !b.p.savepoints {
+	if !b.plan.savepoints {
 		return errNeedSavepoints // the failure cannot be undone alone
 	}
-	sctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	sctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
 	_, err = b.tx.Exec(sctx, "ROLLBACK TO SAVEPOINT idem_message")
 	cancel()
 	if err != nil {
 		return failed(fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err))
 	}
-	if d.Decision == inbox.NewMessage && !b.o.ReadOnly {
+	if d.Decision == inbox.NewMessage && b.policy.Inbox != Look {
 		b.unclaim = append(b.unclaim, it.ID)
 	}
 	r := b.e.classify(it, herr)
 	r.Inbox, r.StoredHash = d.Decision, b.results[i].StoredHash
 	b.results[i] = r
-	if r.Outcome == Retry && b.o.InOrder {
+	if r.Outcome == idem.Retried && b.policy.InOrder {
 		b.stopAt = i
 	}
 	return nil
 }
 
-// runTogether runs the batch handler over the items it takes at once. If
-// it fails, the batch runs again item by item, a savepoint each, so that
-// each failure is attributed to its item.
-func (b *batch) runTogether(ctx context.Context, together []int) error {
-	its := make([]*Item, len(together))
-	for k, i := range together {
-		its[k] = b.items[i]
-	}
-	herr, err := b.call(ctx, -1, func(hctx context.Context) error { return b.e.cfg.BatchHandler(hctx, b.htx, its) })
-	var ex *excludeError
-	switch {
-	case errors.As(err, &ex):
-		if b.ended {
-			b.repairEndedTx(ctx) // nothing of the batch handler can be trusted
-		}
-		return errNeedSavepoints // message by message, to find the culprit
-	case err != nil:
-		return err
-	case herr == nil:
-		for _, i := range together {
-			b.results[i].Outcome = Processed
-		}
-		return nil
-	case isContention(herr):
-		return &batchError{err: fmt.Errorf("batch handler: %w", herr), contention: true}
-	default:
-		return errNeedSavepoints
+// handle runs the handler on m and turns a panic into an *idem.PanicError,
+// logged with its stack.
+func (e *Engine) handle(ctx context.Context, tx pgx.Tx, m *idem.Message) (err error) {
+	defer e.recoverPanic(&err, "handler panicked", m.ID)
+	return e.cfg.Handler(ctx, tx, m)
+}
+
+func (e *Engine) recoverPanic(err *error, what, id string) {
+	if v := recover(); v != nil {
+		pe := &idem.PanicError{Value: v, Stack: debug.Stack()}
+		*err = pe
+		e.cfg.Logger.Error(what, "message_id", safetext.ShortID(id), "panic", fmt.Sprint(v), "stack", string(pe.Stack))
 	}
 }
 
@@ -242,33 +236,26 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	if !ours {
 		return nil, errAbandoned // the supervisor decided; touch nothing
 	}
-	b.e.Vitals.moved()
-	b.e.tel.processTime(ctx, time.Since(start))
-	exclude := func(r Result) error {
-		if index < 0 {
-			return &excludeError{index: -1, result: r}
-		}
-		return &excludeError{index: index, result: r}
-	}
-	var it *Item
+	b.e.Vitals.progress.Store(time.Now().UnixNano()) // a handler that returned is progress
+	b.e.tel.processDur.Record(ctx, time.Since(start).Seconds(), b.e.tel.processOpt...)
+	it := &Item{Message: &idem.Message{Attempt: 1}}
+	exclude := func(r Result) error { return &excludeError{index: index, result: r} }
 	if index >= 0 {
 		it = b.items[index]
-	} else {
-		it = &Item{Attempt: 1}
 	}
 	conn := b.tx.Conn()
 	status := conn.PgConn().TxStatus()
 	b.ended = !conn.IsClosed() && (status == 'I' || b.replacedTx(ctx, status))
 	switch {
 	case timedOut:
-		return nil, exclude(b.e.classify(it, &TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
+		return nil, exclude(b.e.classify(it, &idem.TimeoutError{Limit: b.e.cfg.HandlerTimeout}))
 	case ctx.Err() != nil:
 		return nil, failed(fmt.Errorf("batch cancelled in a handler: %w", context.Cause(ctx)))
 	case b.htx.violated.Load() || b.ended:
 		b.e.cfg.Logger.Error("handler tried to end the batch transaction: nothing of the batch is acked, the message is dead-lettered",
 			"message_id", shortID(it.ID), "ended", b.ended, "error", herr)
-		return nil, exclude(Result{Outcome: DeadLettered, Reason: deadletters.ReasonHandlerEndedTx,
-			Err: fmt.Errorf("%w: %v", ErrTransactionControl, herr)})
+		return nil, exclude(Result{Outcome: idem.DeadLettered, Reason: deadletters.ReasonHandlerEndedTx,
+			Err: fmt.Errorf("%w: %v", idem.ErrTransactionControl, herr)})
 	case b.tx.Conn().IsClosed():
 		return nil, failed(fmt.Errorf("connection lost in a handler: %v", herr))
 	case herr == nil && status == 'E':
@@ -277,51 +264,328 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	return herr, nil
 }
 
-// replacedTx reports whether a handler that took the raw connection left
-// another transaction open than the batch's ("COMMIT; BEGIN").
-func (b *batch) replacedTx(ctx context.Context, status byte) bool {
-	if !b.htx.raw || status != 'T' {
-		return false
+// classify turns a handler error into a dead letter or a retry.
+func (e *Engine) classify(it *Item, herr error) Result {
+	if dl, ok := errors.AsType[*idem.DeadLetterError](herr); ok {
+		return Result{Outcome: idem.DeadLettered, Reason: dl.Reason, Err: herr}
 	}
-	// Read even after a shutdown began: the answer decides whether the
-	// batch's claims need repair.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.e.cfg.CommitTimeout)
-	defer cancel()
-	return transactionID(rctx, b.tx, false) != b.htx.xid
+	if it.Attempt >= e.cfg.MaxAttempts {
+		reason := deadletters.ReasonMaxAttempts
+		if _, ok := errors.AsType[*idem.TimeoutError](herr); ok {
+			reason = deadletters.ReasonHandlerTimeout
+		}
+		return Result{Outcome: idem.DeadLettered, Reason: reason,
+			Err: fmt.Errorf("attempt %d of %d: %w", it.Attempt, e.cfg.MaxAttempts, herr)}
+	}
+	return Result{Outcome: idem.Retried, Err: herr}
 }
 
-// repairEndedTx undoes what a handler that ended the batch transaction
-// past the guard (a COMMIT through tx.Conn()) committed before its time: the
-// inbox rows claimed for messages whose handler had not completed — and, if
-// deferred writes were waiting (lost with the transaction), for those whose
-// handler had. The rows are deleted on the same connection, now outside any
-// transaction; the batch then runs again without the offending message.
-// Writes the handlers made with tx.Exec before the early commit stay: a
-// handler that ends the runtime's transaction is a bug, and this limits the
-// damage to what it did itself.
-func (b *batch) repairEndedTx(ctx context.Context) {
-	lost := b.deferred != nil && b.deferred.Uses() > 0
-	var ids []string
-	for _, i := range b.runnable {
-		if b.decisions[i].Decision == inbox.NewMessage && (!b.done[i] || lost) {
-			ids = append(ids, b.items[i].ID)
+func shortID(id string) string { return safetext.ShortID(id) }
+
+// abandonGrace is how long a handler past its deadline may take to return
+// before the engine abandons it. A handler that honours its context returns
+// at once: pgx closes the connection of a statement whose context ends.
+const abandonGrace = 2 * time.Second
+
+// errHandlerDeadline is the cause of a handler context that ran out.
+var errHandlerDeadline = errors.New("handler deadline")
+
+// errAbandoned ends an attempt whose handler returned after it was abandoned.
+var errAbandoned = errors.New("engine: the handler returned after it was abandoned")
+
+// enter notes that handler index starts now and returns when it started.
+func (w *watch) enter(index int) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inHandler, w.index, w.started = true, index, time.Now()
+	return w.started
+}
+
+// leave reports whether the handler that just returned ran out of time,
+// and whether the attempt is still the goroutine's to finish. After leave
+// the supervisor no longer ends the handlers' context.
+func (w *watch) leave() (expired, ours bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.inHandler = false
+	return w.expired, !w.abandoned
+}
+
+// handlerContext is a handler's context: the attempt's handler context,
+// which the supervisor ends with errHandlerDeadline, and the handler's own
+// deadline. The handler sees its deadline, and a timeout as
+// context.DeadlineExceeded, as with context.WithTimeout; contexts it makes
+// with context.WithCancel, WithTimeout or WithDeadline end with
+// context.Canceled (and the cause errHandlerDeadline), since they hang off
+// the attempt's one cancellable context.
+type handlerContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c *handlerContext) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+func (c *handlerContext) Err() error {
+	err := c.Context.Err()
+	if err != nil && context.Cause(c.Context) == errHandlerDeadline {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// handlerTx is the transaction handlers get. It refuses transaction control
+// and remembers that the handler tried, so that the runtime fails the
+// message even when the handler swallows the error. It also names the rows
+// the handler writes (see writeKeys) and postpones a message whose first
+// write names a row another batch in flight wrote.
+type handlerTx struct {
+	pgx.Tx
+	violated atomic.Bool
+
+	b        *batch // whose keys the handler's writes are
+	postpone bool   // the current message may be postponed
+	wrote    bool   // the current message has written
+	// postponed reports that the current message was postponed: every
+	// statement it sent after that was refused, so nothing of it was written.
+	postponed bool
+	// deferredAt is the batch's deferred-write count when the message
+	// began: a message that deferred a write has written.
+	deferredAt int
+	// contention is the last lock conflict one of the message's statements
+	// met, however the handler wraps it; foreign reports that it was on a
+	// row no other batch of this process wrote: another process holds it.
+	contention error
+	foreign    bool
+	owned      bool // the last write statement's row is this batch's alone
+	// raw reports that the current message's handler took the raw
+	// connection (Conn), which bypasses the guard. xid is the batch
+	// transaction's id, read the first time one of its handlers took it:
+	// one round trip per batch, and one after each such handler to compare.
+	raw bool
+	xid int64
+	// root is the batch's own transaction when this one is a handler's
+	// savepoint (Begin); nil for the root itself.
+	root *handlerTx
+}
+
+// top is the batch's own transaction, whose state the guard keeps.
+func (t *handlerTx) top() *handlerTx {
+	if t.root != nil {
+		return t.root
+	}
+	return t
+}
+
+// errPostponed is what a postponed message's statements return.
+var errPostponed = errors.New("engine: another batch in flight writes this row; the message runs in a later batch")
+
+// next readies the transaction for the next message's handler.
+func (t *handlerTx) next(postpone bool) {
+	t.postpone, t.wrote, t.postponed, t.contention, t.raw = postpone, false, false, nil, false
+	t.foreign, t.owned = false, false
+	if t.b != nil && t.b.deferred != nil {
+		t.deferredAt = t.b.deferred.Uses()
+	}
+}
+
+// deferredSince reports whether the current message deferred a write.
+func (t *handlerTx) deferredSince() bool {
+	return t.b != nil && t.b.deferred != nil && t.b.deferred.Uses() != t.deferredAt
+}
+
+// note remembers a lock conflict among a statement's errors.
+func (t *handlerTx) note(err error) error {
+	if err != nil && isContention(err) {
+		top := t.top()
+		top.contention, top.foreign = err, top.owned
+	}
+	return err
+}
+
+// admit lets a statement through, or postpones the message: a write whose
+// row another batch in flight wrote, before the message wrote anything.
+func (t *handlerTx) admit(sql string, args []any) error {
+	t = t.top()
+	if t.postponed {
+		return errPostponed
+	}
+	if t.b == nil || !isWrite(sql) {
+		return nil
+	}
+	key := rowKey(sql, args)
+	mayPostpone := t.postpone && !t.wrote && !t.deferredSince()
+	t.owned = t.b.e.keys.take(t.b, key, !mayPostpone)
+	if !t.owned && mayPostpone {
+		t.postponed = true
+		return errPostponed
+	}
+	t.b.keys = append(t.b.keys, key)
+	t.wrote = true
+	return nil
+}
+
+func (t *handlerTx) refuse(what string) error {
+	t.top().violated.Store(true)
+	return fmt.Errorf("%w (%s)", idem.ErrTransactionControl, what)
+}
+
+func (t *handlerTx) check(sql string) error {
+	if word, ok := transactionControl(sql); ok {
+		return t.refuse(word)
+	}
+	return nil
+}
+
+func (t *handlerTx) Commit(context.Context) error   { return t.refuse("Commit") }
+func (t *handlerTx) Rollback(context.Context) error { return t.refuse("Rollback") }
+
+func (t *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.check(sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if err := t.admit(sql, args); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := t.Tx.Exec(ctx, sql, args...)
+	return tag, t.note(err)
+}
+
+func (t *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
+	}
+	if err := t.admit(sql, args); err != nil {
+		return nil, err
+	}
+	rows, err := t.Tx.Query(ctx, sql, args...)
+	return rows, t.note(err)
+}
+
+func (t *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.check(sql); err != nil {
+		return errRow{err}
+	}
+	if err := t.admit(sql, args); err != nil {
+		return errRow{err}
+	}
+	return noteRow{t.Tx.QueryRow(ctx, sql, args...), t}
+}
+
+func (t *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	for _, q := range b.QueuedQueries {
+		if err := t.check(q.SQL); err != nil {
+			return errBatch{err}
+		}
+		if err := t.admit(q.SQL, q.Arguments); err != nil {
+			return errBatch{err}
 		}
 	}
-	// Outside the batch transaction its lock_timeout is gone: the deadline
-	// bounds a lock wait instead (pgx cancels the statement).
-	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
-	defer cancel()
-	conn := b.tx.Conn()
-	if conn.PgConn().TxStatus() != 'I' {
-		// The handler began a transaction of its own after its early
-		// commit: what runs in it is not the batch's; drop it.
-		_, _ = conn.Exec(ctx, "ROLLBACK")
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *handlerTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.check(sql); err != nil {
+		return nil, err
 	}
-	if len(ids) == 0 {
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// noteRow remembers a lock conflict met by a QueryRow.
+type noteRow struct {
+	pgx.Row
+	t *handlerTx
+}
+
+func (r noteRow) Scan(dest ...any) error { return r.t.note(r.Row.Scan(dest...)) }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }
+
+// writeKeys is the in-process table of the rows that batches in flight
+// have written, as far as the runtime can name a row without parsing SQL: a
+// write statement's text with all its arguments (rowKey). Two handlers that
+// run the same statement with the same arguments (UPDATE accounts SET
+// balance = balance + 1 WHERE id = $1, with one account) write the same
+// row; the second would wait for the first batch to commit, or deadlock
+// with it. Instead, a message whose first write names a row another batch
+// in flight already wrote is postponed: nothing of it was written yet, so
+// it leaves its batch and runs in a later one. Statements that differ in any
+// argument get different keys, so the table never postpones on a guess;
+// conflicts it cannot name are left to PostgreSQL (lock_timeout, then a
+// retry).
+//
+// A message that cannot be postponed (it wrote already, or was postponed
+// often enough) writes the row anyway, after the other batch's lock: its
+// batch then holds the row too, and the key stays in the table until every
+// batch that holds it has ended (release, when the attempt ends), so that
+// no third batch takes the row for free and waits on a lock the table does
+// not show.
+type writeKeys struct {
+	mu   sync.Mutex
+	rows map[uint64]holders
+}
+
+// holders are the batches in flight that wrote one row: first, and, rarely,
+// more that wrote it after first's lock.
+type holders struct {
+	first *batch
+	more  []*batch
+}
+
+func newWriteKeys() *writeKeys { return &writeKeys{rows: map[uint64]holders{}} }
+
+// take records that b writes the row named key, and reports whether b
+// holds it alone: no other batch in flight wrote it. When another did, b is
+// recorded only if force (it writes the row anyway). An abandoned batch is
+// never recorded: its keys were released for good.
+func (k *writeKeys) take(b *batch, key uint64, force bool) (alone bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if b.gone {
+		return true
+	}
+	h, ok := k.rows[key]
+	switch {
+	case !ok:
+		k.rows[key] = holders{first: b}
+		return true
+	case h.first == b && len(h.more) == 0:
+		return true
+	case force && h.first != b && !slices.Contains(h.more, b):
+		h.more = append(h.more, b)
+		k.rows[key] = h
+	}
+	return false
+}
+
+// drop removes b from the holders of key; mu must be held.
+func (k *writeKeys) drop(b *batch, key uint64) {
+	h, ok := k.rows[key]
+	if !ok {
 		return
 	}
-	if _, err := conn.Exec(ctx, b.e.sql.deleteClaims, b.scope, ids); err != nil {
-		b.e.cfg.Logger.Error("could not remove the inbox rows a handler committed early; those messages count as processed",
-			"messages", len(ids), "error", err)
+	if h.first == b {
+		if len(h.more) == 0 {
+			delete(k.rows, key)
+			return
+		}
+		h.first, h.more = h.more[0], h.more[1:]
+	} else {
+		h.more = slices.DeleteFunc(h.more, func(o *batch) bool { return o == b })
 	}
+	k.rows[key] = h
 }

@@ -43,7 +43,7 @@ func TestAMessageThatDeferredAWriteIsNeverPostponed(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	var f *fixture
 	var logSQL string
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if d := idem.DeferredFrom(ctx); d != nil && it.ID != "a" {
 			fl := d.Use(logKey{}, func() idem.Flusher { return &logFlusher{sql: logSQL} }).(*logFlusher)
 			fl.msgs = append(fl.msgs, it.ID)
@@ -65,12 +65,12 @@ func TestAMessageThatDeferredAWriteIsNeverPostponed(t *testing.T) {
 	f.exec(`CREATE TABLE ` + f.tables.QuotedSchema() + `.log (msg text)`)
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Options{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
 	<-holding
 	b1, b2 := item("b1", 1), item("b2", 2)
 	go func() { time.Sleep(300 * time.Millisecond); close(release) }()
-	res := f.eng.Run(ctx, []*Item{b1, b2}, Options{Postpone: true})
-	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res), "b1 deferred a write: it waits for a's row instead")
+	res := f.eng.Run(ctx, []*Item{b1, b2}, Policy{Postpone: true})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res), "b1 deferred a write: it waits for a's row instead")
 	<-doneA
 	var n int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.QuotedSchema()+`.log WHERE msg = 'b1'`).Scan(&n))
@@ -83,29 +83,22 @@ var errPerm = errors.New("permanent")
 // row when a later handler commits early, and is then acked as a duplicate.
 func TestEarlyCommitNeverAcksADeadLetteredMessageAsADuplicate(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		switch it.ID {
 		case "k":
-			return errPerm
+			return &idem.DeadLetterError{Reason: "permanent", Err: errPerm}
 		case "j":
 			_, err := tx.Conn().Exec(ctx, "COMMIT")
 			return err
 		}
 		return nil
-	}, func(cfg *Config) {
-		cfg.DeadLetterReason = func(err error) (string, bool) {
-			if errors.Is(err, errPerm) {
-				return "permanent", true
-			}
-			return "", false
-		}
-	})
+	}, nil)
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("k", 1), item("j", 2)}, Options{})
+	res := f.eng.Run(ctx, []*Item{item("k", 1), item("j", 2)}, Policy{})
 	require.Equal(t, "handler_ended_transaction", res[1].Reason)
 	var dl int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("dead_letters")+` WHERE message_id = 'k'`).Scan(&dl))
-	require.Equal(t, DeadLettered, res[0].Outcome, "k was never processed")
+	require.Equal(t, idem.DeadLettered, res[0].Outcome, "k was never processed")
 	require.Equal(t, 1, dl, "k has no dead-letter row")
 }
 
@@ -115,7 +108,7 @@ func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var failed bool
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if it.Offset == 1 && !failed {
@@ -133,12 +126,12 @@ func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := f.eng.RunOrdered(ctx, ctx, items, Ordered{RetryBaseDelay: time.Millisecond, RetryMaxDelay: time.Millisecond,
-		Options: Options{BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
+		Policy: Policy{BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
 			if len(its) == 4 {
 				return errors.New("whole batch fails")
 			}
 			for i, r := range res {
-				if its[i].Offset == 1 && r.Outcome == Retry {
+				if its[i].Offset == 1 && r.Outcome == idem.Retried {
 					mu.Lock()
 					failed = true
 					mu.Unlock()
@@ -155,7 +148,7 @@ func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
 // reports done: probing stays set and batches stay serialized for good.
 func TestProbeEndedByAnExcludedMessageProbesAgain(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		if it.ID == "slow" {
 			<-ctx.Done()
 			return ctx.Err()
@@ -167,10 +160,10 @@ func TestProbeEndedByAnExcludedMessageProbesAgain(t *testing.T) {
 	g.serialUntil = time.Now().Add(-time.Millisecond) // serialized, probe due
 	g.mu.Unlock()
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Options{})
-	require.Equal(t, []Outcome{Retry, Processed}, outcomes(res))
+	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.Retried, idem.Processed}, outcomes(res))
 	for i := range 5 {
-		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Options{})
+		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Policy{})
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -187,7 +180,7 @@ func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
 	var cFailed bool
 	var mu sync.Mutex
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		switch it.ID {
 		case "j":
 			_, err := tx.Conn().Exec(ctx, "COMMIT; BEGIN")
@@ -203,8 +196,8 @@ func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
 		return f.updateAccount(ctx, tx, it)
 	}, nil)
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("j", 1), item("k", 2), item("m", 3)}, Options{})
-	require.Equal(t, []Outcome{DeadLettered, Processed, Processed}, outcomes(res))
+	res := f.eng.Run(ctx, []*Item{item("j", 1), item("k", 2), item("m", 3)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.DeadLettered, idem.Processed, idem.Processed}, outcomes(res))
 	require.Equal(t, "handler_ended_transaction", res[0].Reason)
 	require.Equal(t, 1, f.balance(2), "k's effect")
 	require.Equal(t, 1, f.balance(3), "m's effect")
@@ -218,10 +211,10 @@ func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
 func TestRawConnectionUseIsCheckedForEveryHandlerOfTheBatch(t *testing.T) {
 	t.Parallel()
 	var f *fixture
-	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f = newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		switch it.ID {
 		case "raw-1", "raw-2":
-			_, err := tx.Conn().Exec(ctx, f.update, it.Msg.(int))
+			_, err := tx.Conn().Exec(ctx, f.update, account(it))
 			return err
 		case "j":
 			if _, err := tx.Conn().Exec(ctx, "COMMIT; BEGIN"); err != nil {
@@ -230,8 +223,8 @@ func TestRawConnectionUseIsCheckedForEveryHandlerOfTheBatch(t *testing.T) {
 		}
 		return f.updateAccount(ctx, tx, it)
 	}, nil)
-	res := f.eng.Run(context.Background(), []*Item{item("raw-1", 1), item("raw-2", 2), item("j", 3), item("m", 4)}, Options{})
-	require.Equal(t, []Outcome{Duplicate, Duplicate, DeadLettered, Processed}, outcomes(res))
+	res := f.eng.Run(context.Background(), []*Item{item("raw-1", 1), item("raw-2", 2), item("j", 3), item("m", 4)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.Duplicate, idem.Duplicate, idem.DeadLettered, idem.Processed}, outcomes(res))
 	require.Equal(t, "handler_ended_transaction", res[2].Reason)
 	for account, want := range map[int]int{1: 1, 2: 1, 3: 0, 4: 1} {
 		require.Equal(t, want, f.balance(account), "account %d", account)
@@ -244,15 +237,15 @@ func TestRawConnectionUseIsCheckedForEveryHandlerOfTheBatch(t *testing.T) {
 func TestBatchHandlerThatCommitsEarlyAcksNothingUnprocessed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, nil)
-	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*Item) error {
+	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*idem.Message) error {
 		if _, err := tx.Conn().Exec(ctx, "COMMIT"); err != nil {
 			return err
 		}
 		return errors.New("failed after the early commit, before writing")
 	})
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("a", 1), item("b", 2)}, Options{})
-	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res), "message by message after the repair")
+	res := f.eng.Run(ctx, []*Item{item("a", 1), item("b", 2)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res), "message by message after the repair")
 	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)}, "a and b each applied once")
 }
 
@@ -261,7 +254,7 @@ func TestExcludedRetryDefersOnlyTheMessagesAfterIt(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	runs := map[string]int{}
-	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *Item) error {
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
 		mu.Lock()
 		runs[it.ID]++
 		n := runs[it.ID]
@@ -278,8 +271,8 @@ func TestExcludedRetryDefersOnlyTheMessagesAfterIt(t *testing.T) {
 		it.Offset, it.HasOffset = int64(i), true
 		items = append(items, it)
 	}
-	res := f.eng.Run(context.Background(), items, Options{InOrder: true})
-	require.Equal(t, []Outcome{Processed, Processed, Retry, Deferred}, outcomes(res), "runs %v", runs)
+	res := f.eng.Run(context.Background(), items, Policy{InOrder: true})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed, idem.Retried, idem.Held}, outcomes(res), "runs %v", runs)
 }
 
 // sentSQL records the SQL a pool's connections send.
@@ -317,7 +310,7 @@ func TestBatchHandlerThatTimesOutWithTheRawConnectionIsNotTakenForAnEndedTransac
 		cfg.HandlerTimeout = 300 * time.Millisecond
 	})
 	var first atomic.Bool
-	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*Item) error {
+	f.eng.SetBatchHandler(func(ctx context.Context, tx pgx.Tx, its []*idem.Message) error {
 		if first.CompareAndSwap(false, true) {
 			_ = tx.Conn() // raw access, as for CopyFrom
 			<-ctx.Done()
@@ -330,8 +323,8 @@ func TestBatchHandlerThatTimesOutWithTheRawConnectionIsNotTakenForAnEndedTransac
 		}
 		return nil
 	})
-	res := f.eng.Run(context.Background(), []*Item{item("a", 1), item("b", 2)}, Options{})
-	require.Equal(t, []Outcome{Processed, Processed}, outcomes(res))
+	res := f.eng.Run(context.Background(), []*Item{item("a", 1), item("b", 2)}, Policy{})
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res))
 	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)})
 	trace.mu.Lock()
 	defer trace.mu.Unlock()

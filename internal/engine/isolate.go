@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 )
 
@@ -16,35 +17,57 @@ import (
 // MaxCrashes of them the item is dead-lettered as worker_crashed, without
 // running, before the broker's delivery limit would drop it. A healthy item
 // never accumulates starts: its own transaction clears them.
-func (e *Engine) RunAlone(ctx context.Context, it *Item, o Options) Result {
-	release, ok := e.gov.exclusive(ctx, o.Abandon)
+func (e *Engine) RunAlone(ctx context.Context, it *Item, p Policy) Result {
+	release, ok := e.gov.exclusive(ctx, p.Abandon)
 	if !ok {
-		return Result{Outcome: Unresolved, Err: context.Cause(ctx)}
+		return Result{Outcome: idem.Unresolved, Err: context.Cause(ctx)}
 	}
 	defer release()
 	e.Vitals.started() // marking is watched like an attempt
 	defer e.Vitals.active.Add(-1)
-	scope := scopeOf(&o, e)
+	scope := p.scope(e)
 	fixed := make([]Result, 1)
 	marked := false
-	if it.Reject == nil && it.ID != "" && !o.ReadOnly {
+	if it.Reject == nil && it.ID != "" && p.Inbox != Look {
 		crashes, err := e.markStart(ctx, scope, it)
 		if err != nil {
 			e.cfg.Logger.Warn("could not mark a suspect message before running it alone; leaving it for redelivery",
 				"message_id", shortID(it.ID), "error", err)
-			return Result{Outcome: Unresolved, Err: err}
+			return Result{Outcome: idem.Unresolved, Err: err}
 		}
 		marked = true
 		if died := crashes - 1; died >= e.cfg.MaxCrashes {
-			fixed[0] = Result{Outcome: DeadLettered, Reason: deadletters.ReasonWorkerCrashed,
+			fixed[0] = Result{Outcome: idem.DeadLettered, Reason: deadletters.ReasonWorkerCrashed,
 				Err: fmt.Errorf("its worker died %d times while it ran alone (limit %d)", died, e.cfg.MaxCrashes)}
 			e.cfg.Logger.Error("poison message: its worker died each time it ran; dead-lettering it",
 				"message_id", shortID(it.ID), "crashes", died)
 		}
 	}
-	res := e.run(ctx, []*Item{it}, &o, fixed, true)
-	if marked && res[0].Outcome == Unresolved {
+	res := e.run(ctx, []*Item{it}, &p, fixed, true)
+	if marked && res[0].Outcome == idem.Unresolved {
 		e.unmarkStart(ctx, scope, it) // the worker lives: this start was no crash
 	}
 	return res[0]
+}
+
+// exclusive waits until no batch runs and holds the engine alone.
+func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (release func(), ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waiting++
+	for g.alone || g.running > 0 {
+		if !g.wait(ctx, abandon) {
+			g.waiting--
+			g.wake()
+			return nil, false
+		}
+	}
+	g.waiting--
+	g.alone = true
+	return func() {
+		g.mu.Lock()
+		g.alone = false
+		g.wake()
+		g.mu.Unlock()
+	}, true
 }

@@ -7,15 +7,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/retry"
 )
 
 // Ordered says how RunOrdered processes consecutive messages of an ordered
 // source (a stream, a replay).
 type Ordered struct {
-	// Options are each batch's options; InOrder and Abandon are set by
-	// RunOrdered.
-	Options
+	// Policy is each batch's policy (StreamPolicy, a replay's); InOrder
+	// and Abandon are set by RunOrdered.
+	Policy
 	// RetryBaseDelay and RetryMaxDelay bound the backoff before a failed
 	// message is tried again in place.
 	RetryBaseDelay, RetryMaxDelay time.Duration
@@ -23,7 +24,7 @@ type Ordered struct {
 	// message up to offset upTo is settled.
 	Checkpoint func(ctx context.Context, tx pgx.Tx, upTo int64) error
 	// Settled is called once per message, in order, with its final result
-	// (Processed, Duplicate, DeadLettered, Skipped; read-only also Retry).
+	// (Processed, Duplicate, DeadLettered, Skipped; read-only also Retried).
 	// An error stops RunOrdered.
 	Settled func(it *Item, r Result) error
 }
@@ -41,7 +42,7 @@ type Ordered struct {
 func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered) error {
 	last := items[len(items)-1].Offset
 	settled := make(map[int64]bool, len(items)) // committed with a final outcome
-	opts := o.Options
+	opts := o.Policy
 	opts.InOrder, opts.Abandon = true, ctx.Done()
 	before := o.BeforeCommit
 	opts.BeforeCommit = func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
@@ -69,17 +70,17 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 	for attempt := 1; ; attempt++ {
 		batch := pending
 		results := e.Run(work, batch, opts)
-		if !opts.ReadOnly {
+		if opts.Inbox != Look {
 			e.Count(work, results)
 		}
 		pending = nil
 		for i, r := range results {
 			switch {
-			case r.Outcome == Unresolved:
+			case r.Outcome == idem.Unresolved:
 				return fmt.Errorf("engine: batch at offset %d: %w", batch[i].Offset, r.Err)
-			case r.Outcome == Deferred:
+			case r.Outcome == idem.Held:
 				pending = append(pending, batch[i]) // its turn comes after the retried one
-			case r.Outcome == Retry && !opts.ReadOnly:
+			case r.Outcome == idem.Retried && opts.Inbox != Look:
 				it := batch[i]
 				e.cfg.Logger.Info("handler failed, retrying in place", "offset", it.Offset,
 					"message_id", shortID(it.ID), "attempt", it.Attempt, "error", r.Err)

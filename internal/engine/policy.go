@@ -4,206 +4,154 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
-	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/retry"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// classicClaimBatches is how many batches claim with ClaimBatch after one
-// met a message the inbox had already: duplicates come in runs (a
-// redelivery after a crash, a producer's retries).
-const classicClaimBatches = 16
-
-// carefulBatches is how many batches run with savepoints after a handler
-// failed in an optimistic one: failures come in runs.
-const carefulBatches = 16
-
-// Once runs items as one batch, with the fallbacks of a single attempt (see
-// once) and without retrying a failed transaction: the error says the
-// transaction failed as a whole, and nothing of it is known to have
-// committed. Process uses it.
-func (e *Engine) Once(ctx context.Context, items []*Item, o Options) ([]Result, error) {
-	fixed := make([]Result, len(items))
-	for {
-		res, err := e.once(ctx, items, &o, &plan{lockTimeout: e.cfg.LockTimeout, fixed: fixed})
-		if ex, ok := errors.AsType[*excludeError](err); ok {
-			fixed[ex.index] = ex.result // decided; the others run again without it
-			continue
-		}
-		if err == nil && !o.ReadOnly {
-			e.Count(ctx, res)
-		}
-		return res, err
-	}
+// Policy is how one source's batches run: everything the engine does
+// differently for a queue (QueuePolicy), a live stream (StreamPolicy), a
+// replay (each replay mode builds its own) or consumer.Process (the zero
+// value). A source builds its policy once and hands it to every batch; each
+// field says where the engine reads it.
+type Policy struct {
+	// Scope is the inbox scope; Config.Name when empty (attempt.go: claim;
+	// records.go).
+	Scope string
+	// Inbox is how a batch uses the inbox (attempt.go: begin, claim,
+	// commit; handlers.go: runHandlers).
+	Inbox InboxUse
+	// Select, when set, picks the messages a batch processes; the others
+	// are Skipped, untouched (a repair; attempt.go: decideFixed).
+	Select func(*Item) bool
+	// InOrder processes in order: once a message is to be retried, the
+	// messages after it are Held and nothing after it commits; a split batch
+	// whose first half does not settle does not run its second half (an
+	// ordered source; handlers.go, run.go: split). RunOrdered sets it.
+	InOrder bool
+	// RetryQueue keeps failed attempts and original routes in the attempts
+	// table, for a queue whose failed messages wait in a retry queue
+	// (attempt.go: claim; records.go; run.go: giveUp).
+	RetryQueue bool
+	// Postpone lets a message whose first write names a row another batch
+	// in flight wrote leave its batch (Postponed) instead of waiting for
+	// that batch's locks. Not for ordered sources or ordering keys: the
+	// message then runs after later ones (handlers.go: runOne).
+	Postpone bool
+	// AsyncCommit commits with synchronous_commit off (a rebuild's batches;
+	// attempt.go: beginSQL).
+	AsyncCommit bool
+	// Gate, when non-zero, is an advisory lock the transaction takes in
+	// shared mode as it begins, in the BEGIN round trip (waiting at most
+	// HandlerTimeout). A session that takes it exclusively — a rebuild
+	// swapping its tables in — waits for the batches in flight and holds
+	// the next ones at their start, before they touch anything (attempt.go:
+	// beginSQL).
+	Gate int64
+	// MessageContext decorates each message's handler context; a batch
+	// with it runs message by message, never through the batch handler
+	// (attempt.go: newBatch).
+	MessageContext func(context.Context, *Item) context.Context
+	// BeforeCommit runs last inside the transaction, with the results
+	// (attempt.go: commit).
+	BeforeCommit func(ctx context.Context, tx pgx.Tx, items []*Item, results []Result) error
+	// Committed runs after a commit succeeded (attempt.go: commit).
+	Committed func(items []*Item, results []Result)
+	// AfterCommit runs once a commit returned (tests simulate a crash here;
+	// attempt.go: commit).
+	AfterCommit func()
+	// Abandon, when closed, stops the retries of a failing batch (its
+	// broker session died: its messages are redelivered anyway; run.go).
+	Abandon <-chan struct{}
 }
 
-// Run processes items as one batch until its transaction commits, and
-// returns each item's result. A failed transaction is retried with capped
-// backoff; a batch that keeps failing is split in halves (at once when
-// batches contend for rows), down to single items. A single item whose
-// transaction still fails while the database answers is given up
-// (Unresolved: back to its source); while the database does not answer, it
-// is retried until it does, or until ctx ends or o.Abandon is closed. The
-// caller counts the results (Count) once it has acted on them.
-func (e *Engine) Run(ctx context.Context, items []*Item, o Options) []Result {
-	return e.run(ctx, items, &o, make([]Result, len(items)), false)
+// InboxUse is how a batch uses the inbox.
+type InboxUse uint8
+
+const (
+	// Claim claims each message, runs the handlers of the new ones and
+	// commits: live consumption and most replays.
+	Claim InboxUse = iota
+	// Look runs a READ ONLY transaction that is always rolled back: the
+	// inbox is looked up, not claimed, and every valid message's handler
+	// runs (a forensic replay).
+	Look
+	// Rerun claims, and runs again the selected messages the inbox already
+	// holds (a repair).
+	Rerun
+)
+
+// QueuePolicy is a queue's policy: failed messages wait in a retry queue,
+// with their attempts counted in the attempts table; without an ordering
+// key (ordered false) a message whose row another batch writes is
+// postponed. A batch's retries stop when abandon closes (its broker session
+// died); afterCommit, when set (tests), runs after each commit.
+func QueuePolicy(ordered bool, abandon <-chan struct{}, afterCommit func()) Policy {
+	return Policy{RetryQueue: true, Postpone: !ordered, Abandon: abandon, AfterCommit: afterCommit}
 }
 
-// run is Run's loop; alone says the caller holds the engine alone.
-func (e *Engine) run(ctx context.Context, items []*Item, o *Options, fixed []Result, alone bool) []Result {
-	lock := e.cfg.LockTimeout
-	for attempt := 1; ; attempt++ {
-		release, serial, solo := func() {}, false, false
-		if !alone {
-			var ok bool
-			if release, serial, solo, ok = e.gov.admit(ctx, o.Abandon); !ok {
-				return unresolved(len(items), context.Cause(ctx))
-			}
-		}
-		res, err := e.once(ctx, items, o, &plan{lockTimeout: lock, serial: serial, fixed: fixed})
-		release()
-		if ex, ok := errors.AsType[*excludeError](err); ok {
-			fixed[ex.index] = ex.result // decided; the others run again without it
-			e.gov.unprobe(serial)
-			attempt--
-			continue
-		}
-		be, _ := errors.AsType[*batchError](err)
-		contention := be != nil && be.contention
-		e.gov.done(contention, serial, solo || be != nil && be.foreign)
-		if err == nil {
-			return res
-		}
-		e.logRetry(ctx, len(items), attempt, contention, err)
-		if ctx.Err() != nil || closed(o.Abandon) {
-			return unresolved(len(items), err)
-		}
-		if contention {
-			// The other transaction commits in milliseconds; wait longer
-			// for it next time, and split a batch that conflicts again.
-			lock = min(lock*4, max(e.cfg.HandlerTimeout, e.cfg.LockTimeout))
-		}
-		if len(items) > 1 && (attempt >= e.cfg.BatchRetries || contention && attempt >= 2) {
-			return e.split(ctx, items, o, fixed, err, alone)
-		}
-		if attempt >= e.cfg.BatchRetries && e.databaseAnswers(ctx) {
-			if e.giveUp(ctx, items[0], o, fixed, err) {
-				continue // one more attempt writes its dead letter
-			}
-			return unresolved(len(items), err)
-		}
-		delay := retry.Backoff(attempt, 50*time.Millisecond, 5*time.Second)
-		if contention {
-			delay = retry.Backoff(attempt, 5*time.Millisecond, time.Second)
-		}
-		sleepUnlessAbandoned(ctx, delay, o.Abandon)
+// StreamPolicy is a live stream reader's policy: its batches run in order
+// (RunOrdered) and each takes the stream's swap gate.
+func StreamPolicy(gate int64) Policy { return Policy{InOrder: true, Gate: gate} }
+
+// scope is the inbox scope of batches with p.
+func (p *Policy) scope(e *Engine) string {
+	if p.Scope != "" {
+		return p.Scope
 	}
+	return e.cfg.Name
 }
 
-// split runs the two halves of a failing batch; in order, the second half
-// runs only if the first settled: after an unresolved message it is
-// unresolved too, after a retried one it waits for it (Deferred).
-func (e *Engine) split(ctx context.Context, items []*Item, o *Options, fixed []Result, err error, alone bool) []Result {
-	half := len(items) / 2
-	first := e.run(ctx, items[:half], o, fixed[:half], alone)
-	if o.InOrder && slices.ContainsFunc(first, func(r Result) bool { return r.Outcome == Unresolved }) {
-		return append(first, unresolved(len(items)-half, err)...)
-	}
-	if o.InOrder && slices.ContainsFunc(first, func(r Result) bool { return !r.Outcome.Final() }) {
-		rest := make([]Result, len(items)-half)
-		for i := range rest {
-			rest[i] = Result{Outcome: Deferred}
-		}
-		return append(first, rest...)
-	}
-	return append(first, e.run(ctx, items[half:], o, fixed[half:], alone)...)
+// plan is how one attempt runs.
+type plan struct {
+	savepoints  bool          // a savepoint per handler
+	newClaims   bool          // claim with a plain INSERT (ClaimNewBatch)
+	lockTimeout time.Duration // the transaction's lock_timeout
+	serial      bool          // take the consumer's batch lock exclusively (see governor)
+	fixed       []Result      // results decided before this attempt; zero Outcome: run the item
 }
 
-// giveUp decides what becomes of a single message whose transaction keeps
-// failing while the database answers (a constraint that fails at commit,
-// say). Tracked messages count a failed attempt in the attempts table, so
-// that the redeliveries end: once the message reaches MaxAttempts, giveUp
-// fixes its dead letter (reason max_attempts) and reports true, and the
-// next attempt writes only that. Otherwise the message is handed back.
-func (e *Engine) giveUp(ctx context.Context, it *Item, o *Options, fixed []Result, err error) bool {
-	if len(fixed) != 1 || !o.TrackAttempts || it.Reject != nil || fixed[0].Outcome != 0 {
-		return false
-	}
-	if it.Attempt >= e.cfg.MaxAttempts {
-		fixed[0] = Result{Outcome: DeadLettered, Reason: deadletters.ReasonMaxAttempts,
-			Err: fmt.Errorf("attempt %d of %d: its transaction kept failing: %w", it.Attempt, e.cfg.MaxAttempts, err)}
-		return true
-	}
-	e.recordFailure(ctx, scopeOf(o, e), it)
-	return false
+// batchError is a failure of the transaction as a whole: nothing in it is
+// known to have committed.
+type batchError struct {
+	err        error
+	contention bool // deadlock, serialization failure or lock timeout
+	// foreign reports a conflict over a row no other batch of this process
+	// wrote: with another process's batch.
+	foreign bool
 }
 
-// once runs items the cheapest way that works: claims with a plain INSERT
-// unless a batch recently met a duplicate, handlers without savepoints
-// unless one recently failed. A batch that meets a duplicate runs again with
-// ClaimBatch; one whose handler fails runs again with a savepoint per item.
-func (e *Engine) once(ctx context.Context, items []*Item, o *Options, p *plan) ([]Result, error) {
-	p.savepoints = o.ReadOnly || o.Rerun || countDown(&e.careful)
-	p.newClaims = !p.savepoints && !countDown(&e.classicClaims)
-	res, err := e.supervised(ctx, items, o, p)
-	if errors.Is(err, errAlreadyClaimed) {
-		e.classicClaims.Store(classicClaimBatches)
-		p.newClaims = false
-		res, err = e.supervised(ctx, items, o, p)
-	}
-	if errors.Is(err, errNeedSavepoints) {
-		e.careful.Store(carefulBatches)
-		p.savepoints, p.newClaims = true, false
-		res, err = e.supervised(ctx, items, o, p)
-	}
-	return res, err
+func (e *batchError) Error() string { return "batch: " + e.err.Error() }
+func (e *batchError) Unwrap() error { return e.err }
+
+func failed(err error) error { return &batchError{err: err, contention: isContention(err)} }
+
+// isContention reports a deadlock (40P01), a serialization failure (40001)
+// or a lock wait past lock_timeout (55P03): concurrent transactions wanted
+// the same rows, and a retry, smaller or later, resolves it.
+func isContention(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "55P03")
 }
 
-// logRetry logs and counts a failed batch transaction. Contention is
-// expected under load and costs milliseconds: it is logged at Debug.
-func (e *Engine) logRetry(ctx context.Context, size, attempt int, contention bool, err error) {
-	e.tel.batchRetry(ctx, contention)
-	level := e.cfg.Logger.Warn
-	if contention {
-		e.Counts.Contention.Add(1)
-		level = e.cfg.Logger.Debug
-	}
-	level("batch failed, retrying", "size", size, "attempt", attempt, "contention", contention, "error", err)
+// excludeError ends an attempt whose transaction cannot go on because of one
+// item: its handler timed out, was abandoned, or tried to end the
+// transaction. That item's result is decided; the others run again without it.
+type excludeError struct {
+	index  int
+	result Result
 }
 
-// Count adds a batch's results to the counters and metrics. Sources call it
-// once they have acted on the results (the broker was told).
-func (e *Engine) Count(ctx context.Context, res []Result) {
-	e.Counts.count(res)
-	e.tel.outcomes(ctx, res)
+func (e *excludeError) Error() string {
+	return fmt.Sprintf("message %d of the batch: %v", e.index, e.result.Err)
 }
 
-// databaseAnswers reports whether PostgreSQL answers a trivial query.
-func (e *Engine) databaseAnswers(ctx context.Context) bool {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err := e.cfg.Pool.Exec(pctx, "SELECT 1")
-	return err == nil
-}
-
-// sleepUnlessAbandoned waits d, or less if ctx ends or abandon closes.
-func sleepUnlessAbandoned(ctx context.Context, d time.Duration, abandon <-chan struct{}) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	case <-abandon:
-	}
-}
-
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
+var (
+	// errNeedSavepoints abandons an optimistic batch whose handler failed.
+	errNeedSavepoints = errors.New("engine: a handler failed; run the batch with savepoints")
+	// errAlreadyClaimed abandons a ClaimNewBatch batch that meets a claimed id.
+	errAlreadyClaimed = errors.New("engine: a message of the batch is in the inbox; claim it with ClaimBatch")
+	// errAbortedByHandler is a handler that returned nil after a failed statement.
+	errAbortedByHandler = errors.New("handler returned nil, but a statement it ran failed and aborted the transaction")
+)

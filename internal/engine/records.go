@@ -7,28 +7,27 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/internal/store"
 )
 
-// statements are the engine's own SQL for one set of tables, built once.
+// What a batch writes besides the inbox when messages fail: their
+// dead-letter rows (through package deadletters, which owns the table) and,
+// for a queue with a retry queue, the attempts table, which counts failed
+// attempts and keeps original routes beyond what headers could be trusted
+// with.
+
+// statements are the engine's own SQL for the attempts table, built once.
 type statements struct {
-	deadLetters, lookupAttempts, recordFailures, clearAttempts, markStart, unmarkStart string
-	deleteClaims                                                                       string
+	lookupAttempts, recordFailures, clearAttempts, markStart, unmarkStart string
 }
 
 func newStatements(t idem.Tables) statements {
-	dl, at := t.Table("dead_letters"), t.Table("attempts")
+	at := t.Table("attempts")
 	return statements{
-		deleteClaims: `DELETE FROM ` + t.Table("inbox") + ` WHERE consumer = $1 AND message_id = ANY($2::text[])`,
-		// Every dead letter of a batch in one statement.
-		deadLetters: `INSERT INTO ` + dl + `
-	(consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)
-SELECT $1, t.message_id, t.payload_hash, t.stored_hash, t.reason, t.error, t.source, t.exchange, t.routing_key, t.attempts, t.payload
-FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::int[], $11::bytea[])
-	AS t(message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key, attempts, payload)`,
 		// Joined to whole keys and planned at each execution, like the
-		// inbox's lookups of a batch's keys (see inbox.storedHashesSQL).
+		// inbox's lookups of a batch's keys.
 		lookupAttempts: `SELECT a.message_id, a.failures, a.crashes, a.exchange, a.routing_key FROM ` + at +
 			` AS a JOIN unnest($1::text[], $2::text[]) AS u(c, m) ON a.consumer = u.c AND a.message_id = u.m`,
 		// A failed attempt: the count and the original route; the message
@@ -54,10 +53,15 @@ type attemptRow struct {
 }
 
 // apply gives it what its row says: its attempt number and original route.
+// It writes only what changes, so that a handler of an earlier attempt
+// that was abandoned, and may still read the message, races with nothing
+// it reads.
 func (r *attemptRow) apply(it *Item) {
 	it.row = r
-	it.Attempt = max(it.Attempt, r.failures+1)
-	if r.exchange != "" || r.routingKey != "" {
+	if n := max(it.Attempt, r.failures+1); n != it.Attempt {
+		it.Attempt = n
+	}
+	if (r.exchange != "" || r.routingKey != "") && (it.Exchange != r.exchange || it.RoutingKey != r.routingKey) {
 		it.Exchange, it.RoutingKey = r.exchange, r.routingKey
 	}
 }
@@ -98,71 +102,68 @@ func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, it
 	return nil
 }
 
-// queueRecords adds to b the batch's dead-letter rows and attempt counts:
-// a failed attempt of a retried message, the rows of messages settled for
-// good deleted.
-func (e *Engine) queueRecords(b *pgx.Batch, scope string, o *Options, items []*Item, results []Result) {
-	e.queueDeadLetters(b, scope, items, results)
-	if !o.TrackAttempts {
-		return
+// hasRecords reports whether a batch has rows to write besides the inbox:
+// a dead letter, or with a retry queue a failed attempt or the attempts row
+// of a message settled for good.
+func (e *Engine) hasRecords(p *Policy, items []*Item, results []Result) bool {
+	for i, r := range results {
+		switch {
+		case r.Outcome == idem.DeadLettered:
+			return true
+		case !p.RetryQueue:
+		case r.Outcome == idem.Retried, items[i].row != nil && r.Outcome.Final():
+			return true
+		}
 	}
+	return false
+}
+
+// writeRecords writes, in one round trip, the batch's dead-letter rows and
+// attempt counts: a failed attempt of a retried message, the rows of
+// messages settled for good deleted.
+func (e *Engine) writeRecords(ctx context.Context, tx pgx.Tx, scope string, p *Policy, items []*Item, results []Result) error {
+	b := &pgx.Batch{}
+	var dead []deadletters.Row
 	var failedIDs, exchanges, keys, clearIDs []string
 	var failures []int32
 	for i, r := range results {
 		it := items[i]
 		switch {
-		case r.Outcome == Retry:
+		case r.Outcome == idem.DeadLettered:
+			dead = append(dead, e.deadLetterRow(it, r))
+		case !p.RetryQueue:
+		case r.Outcome == idem.Retried:
 			failedIDs = append(failedIDs, it.ID)
 			failures = append(failures, int32(it.Attempt))
 			exchanges = append(exchanges, safetext.Clean(it.Exchange))
 			keys = append(keys, safetext.Clean(it.RoutingKey))
-		case it.row != nil && r.Outcome.Final():
+		}
+		if p.RetryQueue && it.row != nil && r.Outcome.Final() {
 			clearIDs = append(clearIDs, it.ID)
 		}
 	}
+	e.dead.Queue(b, scope, dead)
 	if len(failedIDs) > 0 {
 		b.Queue(e.sql.recordFailures, scope, failedIDs, failures, exchanges, keys)
 	}
 	if len(clearIDs) > 0 {
 		b.Queue(e.sql.clearAttempts, scope, clearIDs)
 	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("record dead letters and attempts: %w", err)
+	}
+	return nil
 }
 
-// queueDeadLetters adds one statement for the batch's dead-letter rows.
-func (e *Engine) queueDeadLetters(b *pgx.Batch, scope string, items []*Item, results []Result) {
-	var (
-		ids, reasons, errs, sources, exchanges, keys []string
-		hashes, stored, payloads                     [][]byte
-		attempts                                     []int32
-	)
-	for i, r := range results {
-		if r.Outcome != DeadLettered {
-			continue
-		}
-		it := items[i]
-		ids = append(ids, deadLetterID(it))
-		hashes = append(hashes, it.Hash[:])
-		if r.StoredHash.IsZero() {
-			stored = append(stored, nil)
-		} else {
-			h := r.StoredHash
-			stored = append(stored, h[:])
-		}
-		reasons = append(reasons, r.Reason)
-		errs = append(errs, safetext.Error(r.Err))
-		sources = append(sources, safetext.Clean(it.Source))
-		exchanges = append(exchanges, safetext.Clean(it.Exchange))
-		keys = append(keys, safetext.Clean(it.RoutingKey))
-		attempts = append(attempts, int32(max(it.Attempt, 1)))
-		if e.cfg.StorePayloads {
-			payloads = append(payloads, it.Body)
-		} else {
-			payloads = append(payloads, nil)
-		}
+// deadLetterRow is the dead-letter row of it, dead-lettered with r.
+func (e *Engine) deadLetterRow(it *Item, r Result) deadletters.Row {
+	row := deadletters.Row{MessageID: deadLetterID(it), PayloadHash: it.Hash, StoredHash: r.StoredHash, Reason: r.Reason,
+		Error: safetext.Error(r.Err), Source: safetext.Clean(it.Source), Exchange: safetext.Clean(it.Exchange),
+		RoutingKey: safetext.Clean(it.RoutingKey), Attempts: max(it.Attempt, 1)}
+	if e.cfg.StorePayloads {
+		row.Payload = it.Body
 	}
-	if len(ids) > 0 {
-		b.Queue(e.sql.deadLetters, scope, ids, hashes, stored, reasons, errs, sources, exchanges, keys, attempts, payloads)
-	}
+	return row
 }
 
 // deadLetterID is what an operator finds a dead letter by: its id, or for a
@@ -203,8 +204,6 @@ func (e *Engine) unmarkStart(ctx context.Context, scope string, it *Item) {
 	}
 }
 
-func shortID(id string) string { return safetext.ShortID(id) }
-
 // recordFailure counts, in a statement of its own, a failed attempt of a
 // message whose transaction could not commit.
 func (e *Engine) recordFailure(ctx context.Context, scope string, it *Item) {
@@ -215,12 +214,4 @@ func (e *Engine) recordFailure(ctx context.Context, scope string, it *Item) {
 	if err != nil {
 		e.cfg.Logger.Warn("could not count a failed attempt", "message_id", shortID(it.ID), "error", err)
 	}
-}
-
-// scopeOf is the inbox scope of a batch with options o.
-func scopeOf(o *Options, e *Engine) string {
-	if o.Scope != "" {
-		return o.Scope
-	}
-	return e.cfg.Name
 }

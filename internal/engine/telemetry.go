@@ -2,7 +2,7 @@ package engine
 
 import (
 	"context"
-	"time"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -11,7 +11,8 @@ import (
 	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/tracing"
 )
 
@@ -51,16 +52,17 @@ type Telemetry struct {
 	baseAdd     []metric.AddOption
 	processOpt  []metric.RecordOption
 	consumedOpt []metric.AddOption
-	byOutcome   map[Outcome][]metric.AddOption
-	byDecision  map[string][]metric.AddOption
+	byOutcome   map[idem.Outcome][]metric.AddOption
+	byDecision  map[inbox.Decision][]metric.AddOption
 	conflictOpt []metric.AddOption
 	spanStart   []trace.SpanStartOption
+	lagSet      atomic.Pointer[attribute.Set] // read by the lag gauge's callback
 }
 
-// NewTelemetry builds the instruments of consumer name reading source (a
+// newTelemetry builds the instruments of consumer name reading source (a
 // queue or a stream); nil providers mean the global ones. lag reports the
 // stream lag, when there is one.
-func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerProvider, lag func() (int64, bool)) (*Telemetry, error) {
+func newTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerProvider, lag func() (int64, bool)) (*Telemetry, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
@@ -68,24 +70,9 @@ func NewTelemetry(name, source string, mp metric.MeterProvider, tp trace.TracerP
 		tp = otel.GetTracerProvider()
 	}
 	m := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
-	t := &Telemetry{name: name, source: source, tracer: tp.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
-	t.base = []attribute.KeyValue{semconv.MessagingSystemRabbitMQ, semconv.MessagingConsumerGroupName(name),
-		semconv.MessagingDestinationSubscriptionName(source)}
-	set := attribute.NewSet(t.base...)
-	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(set)}
-	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(set)}
-	t.processOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("process"))...))}
-	t.consumedOpt = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("receive"))...))}
+	t := &Telemetry{name: name, tracer: tp.Tracer(instrumentation, trace.WithSchemaURL(tracing.SchemaURL))}
 	t.spanStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-	t.byOutcome = map[Outcome][]metric.AddOption{}
-	for o := Processed; o <= Postponed; o++ {
-		t.byOutcome[o] = []metric.AddOption{t.with(attribute.String("outcome", o.String()))}
-	}
-	t.conflictOpt = []metric.AddOption{t.with(attribute.String("outcome", "conflict"))}
-	t.byDecision = map[string][]metric.AddOption{}
-	for _, d := range []string{"new", "duplicate", "conflict"} {
-		t.byDecision[d] = []metric.AddOption{t.with(attribute.String("decision", d))}
-	}
+	t.setSource(source)
 	if err := t.semconvInstruments(m); err != nil {
 		return nil, err
 	}
@@ -140,13 +127,36 @@ func (t *Telemetry) idemInstruments(m metric.Meter) error {
 	return err
 }
 
-func (t *Telemetry) lagGauge(m metric.Meter, lag func() (int64, bool)) error {
+// setSource builds the attribute sets of the metrics for source: built
+// once, used per message (an option built per call is an allocation per
+// message). Call it before the engine runs batches.
+func (t *Telemetry) setSource(source string) {
+	t.source = source
+	t.base = []attribute.KeyValue{semconv.MessagingSystemRabbitMQ, semconv.MessagingConsumerGroupName(t.name),
+		semconv.MessagingDestinationSubscriptionName(source)}
 	set := attribute.NewSet(t.base...)
+	t.lagSet.Store(&set)
+	t.baseRecord = []metric.RecordOption{metric.WithAttributeSet(set)}
+	t.baseAdd = []metric.AddOption{metric.WithAttributeSet(set)}
+	t.processOpt = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("process"))...))}
+	t.consumedOpt = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(append(t.base, semconv.MessagingOperationName("receive"))...))}
+	t.byOutcome = map[idem.Outcome][]metric.AddOption{}
+	for _, o := range idem.Outcomes() {
+		t.byOutcome[o] = []metric.AddOption{t.with(attribute.String("outcome", o.String()))}
+	}
+	t.conflictOpt = []metric.AddOption{t.with(attribute.String("outcome", "conflict"))}
+	t.byDecision = map[inbox.Decision][]metric.AddOption{}
+	for _, d := range []inbox.Decision{inbox.NewMessage, inbox.Duplicate, inbox.Conflict} {
+		t.byDecision[d] = []metric.AddOption{t.with(attribute.String("decision", d.String()))}
+	}
+}
+
+func (t *Telemetry) lagGauge(m metric.Meter, lag func() (int64, bool)) error {
 	_, err := m.Int64ObservableGauge("idem.consumer.stream.lag", metric.WithUnit("{message}"),
 		metric.WithDescription("Stream tail offset minus the committed checkpoint (sampled every 10s)."),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if n, ok := lag(); ok {
-				o.Observe(n, metric.WithAttributeSet(set))
+				o.Observe(n, metric.WithAttributeSet(*t.lagSet.Load()))
 			}
 			return nil
 		}))
@@ -157,57 +167,8 @@ func (t *Telemetry) with(kv ...attribute.KeyValue) metric.MeasurementOption {
 	return metric.WithAttributes(append(kv, t.base...)...)
 }
 
-// Consumed counts n messages received from the source.
-func (t *Telemetry) Consumed(ctx context.Context, n int) {
-	t.consumed.Add(ctx, int64(n), t.consumedOpt...)
-}
-
 // Redelivered counts a delivery the broker made before.
 func (t *Telemetry) Redelivered(ctx context.Context) { t.redelivered.Add(ctx, 1, t.baseAdd...) }
-
-// outcomes counts a batch's results by outcome, inbox decision and
-// dead-letter reason.
-func (t *Telemetry) outcomes(ctx context.Context, res []Result) {
-	var counts [Postponed + 1]int
-	decisions := map[string]int{}
-	for _, r := range res {
-		if r.Inbox != 0 {
-			decisions[r.Inbox.String()]++
-		}
-		switch {
-		case r.Outcome == DeadLettered && r.Reason == deadletters.ReasonPayloadConflict:
-			t.messages.Add(ctx, 1, t.conflictOpt...)
-		case int(r.Outcome) < len(counts):
-			counts[r.Outcome]++
-		}
-		if r.Outcome == DeadLettered {
-			t.deadLetters.Add(ctx, 1, t.with(attribute.String("reason", r.Reason)))
-		}
-	}
-	for o, n := range counts {
-		if opts, ok := t.byOutcome[Outcome(o)]; ok && n > 0 {
-			t.messages.Add(ctx, int64(n), opts...)
-		}
-	}
-	for d, n := range decisions {
-		if opts, ok := t.byDecision[d]; ok {
-			t.decisions.Add(ctx, int64(n), opts...)
-		}
-	}
-}
-
-func (t *Telemetry) batch(ctx context.Context, n int) {
-	t.batchSize.Record(ctx, int64(n), t.baseRecord...)
-}
-
-// processTime records one handler run (messaging.process.duration).
-func (t *Telemetry) processTime(ctx context.Context, d time.Duration) {
-	t.processDur.Record(ctx, d.Seconds(), t.processOpt...)
-}
-
-func (t *Telemetry) commitTime(ctx context.Context, d time.Duration) {
-	t.commitDur.Record(ctx, d.Seconds(), t.baseRecord...)
-}
 
 func (t *Telemetry) batchRetry(ctx context.Context, contention bool) {
 	t.batchRetries.Add(ctx, 1, t.with(attribute.Bool("contention", contention)))
@@ -227,3 +188,6 @@ func (t *Telemetry) Limit(name string) {
 func (t *Telemetry) Reconnect(ctx context.Context) { t.reconnects.Add(ctx, 1, t.baseAdd...) }
 
 func (t *Telemetry) abandoned(ctx context.Context) { t.abandonedN.Add(ctx, 1, t.baseAdd...) }
+
+// reasonAttr is a dead letter's reason as a metric attribute.
+func reasonAttr(reason string) attribute.KeyValue { return attribute.String("reason", reason) }

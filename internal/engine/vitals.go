@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 )
@@ -27,33 +26,6 @@ type Vitals struct {
 	// failure is the last one's error.
 	failing atomic.Int64
 	failure atomic.Pointer[string]
-}
-
-// started records that an attempt starts: work that starts after a quiet
-// spell starts the stall clock, unless attempts are failing (a retry after
-// a failure is not progress).
-func (v *Vitals) started() {
-	if v.active.Add(1) == 1 && v.failing.Load() == 0 {
-		v.moved()
-	}
-}
-
-// ended records how an attempt ended: one that committed is progress and
-// ends a streak of failures; one whose transaction failed as a whole starts
-// or continues it. Other errors (a handler that failed, one item excluded)
-// are neither.
-func (v *Vitals) ended(err error) {
-	v.active.Add(-1)
-	if err == nil {
-		v.failing.Store(0)
-		v.moved()
-		return
-	}
-	if _, ok := errors.AsType[*batchError](err); ok {
-		v.failing.CompareAndSwap(0, time.Now().UnixNano())
-		why := err.Error()
-		v.failure.Store(&why)
-	}
 }
 
 // Failing reports how long the transactions of the attempts have failed

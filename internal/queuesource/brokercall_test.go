@@ -36,7 +36,7 @@ func testSource(t *testing.T, url, q string, commitTimeout time.Duration) *Sourc
 	return New(Config{
 		Name: "brokercall", AMQPURL: url, ConnectionName: "idem-test-" + q,
 		Queue: q, RetryQueue: q + ".retry", DeadLetterQueue: q + ".dlq", QueueType: "classic",
-		Topology: Declare, Prefetch: 10, Workers: 1, BatchMaxSize: 10, MaxBufferedBytes: 1 << 20,
+		Declare: true, Prefetch: 10, Workers: 1, BatchMaxSize: 10, MaxBufferedBytes: 1 << 20,
 		CommitTimeout: commitTimeout, Logger: slog.New(slog.DiscardHandler),
 	}, nil)
 }

@@ -9,7 +9,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/testdb"
 )
 
 type noAcks struct{}
@@ -20,13 +22,10 @@ func (noAcks) Nack(uint64, bool, bool) error { return nil }
 // Messages with one affinity key go to one worker's input; a redelivered
 // message goes to the isolation goroutine whatever its key.
 func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
-	key := func(it *engine.Item) string { return it.BusinessKey }
-	tel, err := engine.NewTelemetry("test", "q", nil, nil, func() (int64, bool) { return 0, false })
+	key := func(m *idem.Message) string { return string(m.Body) }
+	eng, err := engine.New(engine.Config{Name: "test", Pool: testdb.Pool(t)}) // routing counts redeliveries
 	require.NoError(t, err)
-	eng, err := engine.New(engine.Config{Name: "test", Telemetry: tel}) // routing counts redeliveries
-	require.NoError(t, err)
-	src := New(Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key,
-		Prepare: func(d *amqp.Delivery, _ time.Time) *engine.Item { return &engine.Item{BusinessKey: string(d.Body)} }}, eng)
+	src := New(Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key}, eng)
 	s := &session{acks: newAcker(noAcks{}, 100), gate: newGate(1 << 20), dead: make(chan struct{})}
 	r := &router{src: src, s: s, key: key, suspects: make(chan *delivery, 100)}
 	for range 4 {
@@ -34,14 +33,19 @@ func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
 	}
 	ctx := context.Background()
 	tag := uint64(0)
+	route := func(d amqp.Delivery) bool {
+		var m idem.Message
+		src.message(&d, time.Now(), &m)
+		return r.route(ctx, &delivery{d: d, s: s, it: &engine.Item{Message: &m}})
+	}
 	for range 3 {
 		for k := range 8 {
 			tag++
-			require.True(t, r.route(ctx, amqp.Delivery{DeliveryTag: tag, Body: []byte(fmt.Sprintf("key-%d", k))}))
+			require.True(t, route(amqp.Delivery{DeliveryTag: tag, Body: []byte(fmt.Sprintf("key-%d", k))}))
 		}
 	}
 	tag++
-	require.True(t, r.route(ctx, amqp.Delivery{DeliveryTag: tag, Body: []byte("key-0"), Redelivered: true}))
+	require.True(t, route(amqp.Delivery{DeliveryTag: tag, Body: []byte("key-0"), Redelivered: true}))
 	require.Len(t, r.suspects, 1)
 	seen := map[string]int{} // key → input
 	total := 0
@@ -49,7 +53,7 @@ func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
 		for len(in) > 0 {
 			d := <-in
 			total++
-			k := d.it.BusinessKey
+			k := string(d.it.Body)
 			if w, ok := seen[k]; ok {
 				require.Equal(t, w, i, "key %s went to two workers", k)
 			}

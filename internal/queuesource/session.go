@@ -93,6 +93,26 @@ func (s *session) close() {
 // closeTimeout bounds waiting for the broker's answer to a connection close.
 const closeTimeout = 5 * time.Second
 
+// signals are the session's notifications of its end.
+type signals struct {
+	connClosed, chClosed, pubConnClosed, pubClosed <-chan *amqp.Error
+	// cancelled is closed (with no value) whenever ch closes.
+	cancelled <-chan string
+}
+
+// notifications registers for the session's end. Register before the
+// session is used: the client closes a notification registered on a
+// channel or connection already closed without saying why.
+func (s *session) notifications() signals {
+	return signals{
+		connClosed:    s.conn.NotifyClose(make(chan *amqp.Error, 1)),
+		chClosed:      s.ch.NotifyClose(make(chan *amqp.Error, 1)),
+		pubConnClosed: s.pubConn.NotifyClose(make(chan *amqp.Error, 1)),
+		pubClosed:     s.pub.ch.NotifyClose(make(chan *amqp.Error, 1)),
+		cancelled:     s.ch.NotifyCancel(make(chan string, 1)),
+	}
+}
+
 // ErrFatal marks broker errors that reconnecting cannot fix (wrong
 // credentials, no access to the vhost or queue, wrong queue arguments):
 // Run returns them.
@@ -207,7 +227,8 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 }
 
 // declare sets up the queue, the retry queue (whose expired messages flow
-// back to the queue) and the dead-letter queue, as Config.Topology says.
+// back to the queue) and the dead-letter queue, as Config.Declare and
+// Config.Passive say.
 func (src *Source) declare(ch *amqp.Channel) error {
 	cfg := &src.cfg
 	mainArgs := amqp.Table{
@@ -234,10 +255,10 @@ func (src *Source) declare(ch *amqp.Channel) error {
 	}
 	for _, q := range queues {
 		var err error
-		switch cfg.Topology {
-		case Declare:
+		switch {
+		case cfg.Declare:
 			_, err = ch.QueueDeclare(q.name, true, false, false, false, q.args)
-		case Passive:
+		case cfg.Passive:
 			_, err = ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
 		default:
 			return nil

@@ -1,75 +1,76 @@
 // Package queuesource feeds the engine from a RabbitMQ queue: it consumes
-// with manual acks, routes deliveries to batch workers (by ordering key when
-// there is one), runs redelivered messages alone, and settles each batch
-// with the broker after it committed — acks, nacks, and confirmed publishes
-// to the retry and dead-letter queues. It reconnects with backoff, keeps
-// every delivery tied to the session that delivered it, and bounds in bytes
-// what it holds in memory.
+// with manual acks, builds each delivery's idem.Message, routes deliveries to
+// batch workers (by ordering key when there is one), runs redelivered
+// messages alone, and settles each batch with the broker after it committed
+// — acks, nacks, and confirmed publishes to the retry and dead-letter queues.
+// It reconnects with backoff, keeps every delivery tied to the session that
+// delivered it, and bounds in bytes what it holds in memory.
+//
+// A message's path through this package is three rooms: source.go (the
+// session loop, receiving and routing, the workers' batches), window.go
+// (taken into the window of unsettled deliveries; settled out of it), and,
+// only when it fails, copies.go (its retry or dead-letter copy).
 package queuesource
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
-)
-
-// Topology says what the source does with its queues at start.
-type Topology int
-
-const (
-	// Declare declares the queue, the retry queue and the dead-letter queue.
-	Declare Topology = iota
-	// Passive checks that they exist.
-	Passive
-	// Existing uses them as they are.
-	Existing
 )
 
 // Config configures a Source; the consumer fills in every field.
 type Config struct {
 	Name, AMQPURL, ConnectionName                 string
 	Queue, RetryQueue, DeadLetterQueue, QueueType string
-	Topology                                      Topology
-	DeliveryLimit, Prefetch, Workers              int
-	BatchMaxSize                                  int
-	BatchMaxWait                                  time.Duration
-	MaxBufferedBytes                              int64
-	ReconnectMaxDelay                             time.Duration
-	RetryBaseDelay, RetryMaxDelay                 time.Duration
-	CommitTimeout, ShutdownTimeout                time.Duration
-	Logger                                        *slog.Logger
-	// Prepare turns a delivery into an engine item (Msg is the consumer's
-	// message). It runs on the routing goroutine.
-	Prepare func(d *amqp.Delivery, received time.Time) *engine.Item
-	// OrderingKey, when set, keeps items with one key on one worker, in order.
-	OrderingKey func(*engine.Item) string
-	// AffinityKey, when set and OrderingKey is not, sends items with one key
-	// to one worker, so that concurrent batches rarely write the same rows;
-	// unlike OrderingKey it keeps no order (a postponed item runs later).
-	AffinityKey func(*engine.Item) string
+	// Declare declares the queues at the start of each session; Passive
+	// (without Declare) checks that they exist; neither uses them as they
+	// are.
+	Declare, Passive                 bool
+	DeliveryLimit, Prefetch, Workers int
+	BatchMaxSize                     int
+	BatchMaxWait                     time.Duration
+	MaxBufferedBytes                 int64
+	ReconnectMaxDelay                time.Duration
+	RetryBaseDelay, RetryMaxDelay    time.Duration
+	CommitTimeout, ShutdownTimeout   time.Duration
+	Logger                           *slog.Logger
+	// OrderingKey, when set, keeps messages with one key on one worker, in
+	// order.
+	OrderingKey func(*idem.Message) string
+	// AffinityKey, when set and OrderingKey is not, sends messages with one
+	// key to one worker, so that concurrent batches rarely write the same
+	// rows; unlike OrderingKey it keeps no order (a postponed message runs
+	// later).
+	AffinityKey func(*idem.Message) string
 	// AfterCommit, when set (tests), runs after each commit, before the acks.
 	AfterCommit func()
 }
 
 // Source consumes one queue into an engine.
 type Source struct {
-	cfg Config
-	eng *engine.Engine
-	gen atomic.Uint64
+	cfg    Config
+	eng    *engine.Engine
+	policy engine.Policy // the queue's (engine.QueuePolicy), but its Abandon, which is per session
+	gen    atomic.Uint64
 	// held is the gate's account of the current session, for Stats.
 	held atomic.Int64
 }
 
 // New returns a Source feeding eng.
-func New(cfg Config, eng *engine.Engine) *Source { return &Source{cfg: cfg, eng: eng} }
+func New(cfg Config, eng *engine.Engine) *Source {
+	return &Source{cfg: cfg, eng: eng, policy: engine.QueuePolicy(cfg.OrderingKey != nil, nil, cfg.AfterCommit)}
+}
 
 // BufferedBytes is what the current session holds in memory of deliveries
 // not yet settled.
@@ -168,4 +169,404 @@ func (src *Source) Declare(ctx context.Context) error {
 		return fmt.Errorf("topology: %w", err)
 	}
 	return ctx.Err()
+}
+
+// delivery is a message with what is needed to settle it.
+type delivery struct {
+	d  amqp.Delivery
+	it *engine.Item
+	s  *session
+}
+
+// routeBurst bounds the deliveries serve routes in a row before it looks at
+// its other signals again (cancellation, a closed connection).
+const routeBurst = 64
+
+// serve consumes on session s until ctx is cancelled or the session dies.
+// It owns the worker goroutines and the isolation goroutine, and returns
+// only after they stopped; each of them ends within the handler timeout.
+func (src *Source) serve(ctx context.Context, s *session) error {
+	tag := fmt.Sprintf("%s-%d", src.cfg.ConnectionName, s.gen)
+	sig := s.notifications()
+	var deliveries <-chan amqp.Delivery
+	err := src.brokerCall(ctx, s.sock, func() (err error) {
+		deliveries, err = s.ch.Consume(src.cfg.Queue, tag, false, false, false, false, nil)
+		return err
+	})
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
+			return fmt.Errorf("%w: consume %s: %v", ErrFatal, src.cfg.Queue, err)
+		}
+		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)
+	}
+	src.eng.Vitals.Connected.Store(true)
+	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
+	r.inputs = make([]chan *delivery, 1)
+	if r.key = src.cfg.OrderingKey; r.key == nil {
+		r.key = src.cfg.AffinityKey
+	}
+	if r.key != nil {
+		r.inputs = make([]chan *delivery, src.cfg.Workers)
+	}
+	for i := range r.inputs {
+		r.inputs[i] = make(chan *delivery, src.cfg.Prefetch)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range src.cfg.Workers {
+		in := r.inputs[w%len(r.inputs)]
+		wg.Go(func() { src.worker(s, in, stop) })
+	}
+	wg.Go(func() { src.isolate(s, r.suspects, stop) })
+
+	reason := r.loop(ctx, deliveries, sig)
+	if ctx.Err() == nil || reason != nil {
+		why := reason
+		if why == nil { // loop stopped because the session was killed
+			why = errSessionDied
+		}
+		s.kill(why) // cancels the handlers of this session's batches
+	}
+	close(stop)
+	wg.Wait()
+	src.finish(ctx, s, tag, deliveries)
+	return reason
+}
+
+// finish ends a session whose batches are over. Acks still waiting behind
+// deliveries that will never be settled on this channel (never started,
+// left unacked) go out one by one while the channel works; what cannot be
+// sent is counted. On shutdown the consumer is cancelled, synchronously.
+func (src *Source) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
+	s.gate.release() // what follows needs the broker's answers
+	go func() {      // owned: ends when the session's connection closes
+		for range deliveries { // left unacked: the broker requeues them on close
+		}
+	}()
+	if !s.ch.IsClosed() {
+		if err := s.acks.flush(); err != nil {
+			src.cfg.Logger.Warn("acking at the end of the session failed; the broker redelivers what was not acked",
+				"consumer", src.cfg.Name, "error", err)
+		}
+	}
+	if n := s.acks.unsent(); n > 0 {
+		src.dropAcks(ctx, n)
+	}
+	if s.alive() {
+		// Shutdown: the in-flight batches are acked; now cancel the
+		// consumer. The order matters on RabbitMQ 3.10 quorum queues: acks
+		// that arrive after basic.cancel are ignored, and acks still pending
+		// in the channel when the connection closes are lost, while a
+		// cancel-ok confirms the acks before it. The wait for cancel-ok is
+		// bounded by CommitTimeout (ctx has ended: shutdown).
+		err := src.brokerCall(context.WithoutCancel(ctx), s.sock, func() error { return s.ch.Cancel(tag, false) })
+		if err != nil {
+			src.cfg.Logger.Warn("cancelling the consumer at shutdown failed; the broker redelivers what was not acked",
+				"consumer", src.cfg.Name, "error", err)
+		}
+	}
+}
+
+// router hands deliveries to the workers, and suspects to the isolation
+// goroutine.
+type router struct {
+	src      *Source
+	s        *session
+	key      func(*idem.Message) string // routes to inputs; nil with one input
+	inputs   []chan *delivery
+	suspects chan *delivery
+}
+
+// loop routes deliveries until ctx ends or the session dies, and says why
+// it stopped (nil on shutdown).
+func (r *router) loop(ctx context.Context, deliveries <-chan amqp.Delivery, sig signals) error {
+	s := r.s
+	cancelled := sig.cancelled
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e := <-sig.connClosed:
+			return fmt.Errorf("connection closed: %v", e)
+		case e := <-sig.chClosed:
+			return fmt.Errorf("channel closed: %v", e)
+		case e := <-sig.pubConnClosed:
+			return fmt.Errorf("publish connection closed: %v", e)
+		case e := <-sig.pubClosed:
+			return fmt.Errorf("publish channel closed: %v", e)
+		case _, ok := <-cancelled:
+			if !ok {
+				// The client closes it whenever the AMQP channel or
+				// connection closes: the close notifications say why.
+				cancelled = nil
+				continue
+			}
+			return fmt.Errorf("broker cancelled the consumer of %s (queue deleted?)", r.src.cfg.Queue)
+		case <-s.dead:
+			return fmt.Errorf("session ended: %w", s.why)
+		case d, ok := <-deliveries:
+			if _, stop, err := r.burst(ctx, d, ok, deliveries, sig); stop {
+				return err
+			}
+		}
+	}
+}
+
+// burst takes d and up to routeBurst deliveries already buffered behind it
+// (cheap non-blocking receives; the select in loop waits for the next one)
+// into the window, prepares their messages at once, and routes them; it
+// returns how many it took. stop ends the loop with err.
+func (r *router) burst(ctx context.Context, d amqp.Delivery, ok bool, deliveries <-chan amqp.Delivery, sig signals) (taken int, stop bool, err error) {
+	s := r.s
+	received := time.Now()
+	ds := make([]amqp.Delivery, 0, 8)
+	for more := ok; more; {
+		s.take(r.src, &d) // before any later delivery can be settled
+		ds = append(ds, d)
+		if len(ds) > routeBurst {
+			break
+		}
+		select {
+		case d, ok = <-deliveries:
+			more = ok
+		default:
+			more = false
+		}
+	}
+	msgs := make([]idem.Message, len(ds))
+	for i := range ds {
+		r.src.message(&ds[i], received, &msgs[i])
+	}
+	for i, it := range r.src.eng.PrepareAll(msgs) {
+		if !r.route(ctx, &delivery{d: ds[i], s: s, it: it}) {
+			if !s.alive() {
+				return len(ds), true, fmt.Errorf("session ended: %w", s.why)
+			}
+			return len(ds), true, nil
+		}
+	}
+	if !ok {
+		return len(ds), true, closedWhy(sig)
+	}
+	return len(ds), false, nil
+}
+
+// message builds the idem.Message of delivery d, received at received.
+func (src *Source) message(d *amqp.Delivery, received time.Time, m *idem.Message) {
+	*m = idem.Message{
+		MessageID: d.MessageId, Body: d.Body, Headers: map[string]any(d.Headers), ContentType: d.ContentType,
+		CorrelationID: d.CorrelationId, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
+		Redelivered: d.Redelivered, Attempt: 1, Source: src.cfg.Queue, Timestamp: d.Timestamp, ReceivedAt: received,
+	}
+	if n, ok := HeaderInt(d.Headers, "x-delivery-count"); ok && n >= 0 {
+		m.DeliveryCount = n
+	}
+}
+
+// closedWhy is why the delivery channel closed: the client closes it when
+// the AMQP channel or connection closes, after it queued the broker's reason
+// in their close notifications.
+func closedWhy(sig signals) error {
+	select {
+	case e := <-sig.connClosed:
+		return fmt.Errorf("connection closed: %v", e)
+	case e := <-sig.chClosed:
+		return fmt.Errorf("channel closed: %v", e)
+	default:
+		return errors.New("delivery channel closed")
+	}
+}
+
+// route hands dv to the isolation goroutine if the broker delivered it
+// before (it may have killed its worker), else to its worker: the only one,
+// or the one its ordering (or affinity) key hashes to. It returns false if
+// ctx ended or the session died first.
+func (r *router) route(ctx context.Context, dv *delivery) bool {
+	src, s := r.src, r.s
+	dv.it.DeliveryTag = dv.d.DeliveryTag
+	if dv.it.Suspect = isSuspect(&dv.d); dv.it.Suspect {
+		src.eng.Telemetry().Redelivered(ctx)
+	}
+	dv.it.Returned = cameBackFrom(dv.d.Headers, src.cfg.RetryQueue)
+	in := r.suspects
+	if !dv.it.Suspect {
+		in = r.inputs[0]
+		if len(r.inputs) > 1 {
+			h := fnv.New32a()
+			h.Write([]byte(r.key(dv.it.Message)))
+			in = r.inputs[h.Sum32()%uint32(len(r.inputs))]
+		}
+	}
+	select {
+	case in <- dv: // the common case: room in the input
+		return true
+	default:
+	}
+	select {
+	case in <- dv:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.dead:
+		return false
+	}
+}
+
+// isSuspect reports a delivery the broker made before: redelivered, or
+// counted by a quorum queue.
+func isSuspect(d *amqp.Delivery) bool {
+	n, _ := HeaderInt(d.Headers, "x-delivery-count")
+	return d.Redelivered || n > 0
+}
+
+// cameBackFrom reports whether the delivery's x-death names queue: it came
+// back from the retry queue. A publisher can forge the header; it only makes
+// the engine read the attempts table, which a publisher cannot write.
+func cameBackFrom(h amqp.Table, queue string) bool {
+	deaths, _ := h["x-death"].([]any)
+	for _, d := range deaths {
+		if t, ok := d.(amqp.Table); ok && t["queue"] == queue {
+			return true
+		}
+	}
+	return false
+}
+
+// worker takes batches from in and runs them until stop is closed. A batch
+// is what is already buffered, up to BatchMaxSize; when more than one message
+// is waiting it waits up to BatchMaxWait for the batch to fill.
+func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
+	batch := make([]*delivery, 0, src.cfg.BatchMaxSize)
+	var carry []*delivery // postponed by the last batch: they run in this one
+	var timer *time.Timer
+	for {
+		// Reused arrays must not keep old deliveries (their bodies) alive.
+		clear(batch[:cap(batch)])
+		batch = append(batch[:0], carry...)
+		clear(carry)
+		carry = carry[:0]
+		if len(batch) == 0 {
+			select {
+			case <-stop:
+				return
+			case d := <-in:
+				batch = append(batch, d)
+			}
+		}
+		size := src.batchLimit()
+	drain:
+		for len(batch) < size {
+			select {
+			case d := <-in:
+				batch = append(batch, d)
+			default:
+				break drain
+			}
+		}
+		if len(batch) > 1 && len(batch) < size && src.cfg.BatchMaxWait > 0 {
+			if timer == nil {
+				timer = time.NewTimer(src.cfg.BatchMaxWait)
+			} else {
+				timer.Reset(src.cfg.BatchMaxWait)
+			}
+		fill:
+			for len(batch) < size {
+				select {
+				case d := <-in:
+					batch = append(batch, d)
+				case <-timer.C:
+					break fill
+				case <-stop:
+					break fill
+				}
+			}
+			timer.Stop()
+		}
+		select {
+		case <-stop:
+			return // not started: left unacked for redelivery
+		default:
+		}
+		carry = src.runBatch(s, batch, carry)
+	}
+}
+
+// batchLimit is the most messages a worker takes into one batch.
+func (src *Source) batchLimit() int { return src.cfg.BatchMaxSize }
+
+// runBatch runs a batch from one session and settles it with the broker;
+// the messages the batch postponed are appended to carry, for the next one.
+func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
+	items := make([]*engine.Item, len(batch))
+	for i, d := range batch {
+		items[i] = d.it
+	}
+	results := src.eng.Run(s.ctx, items, src.sessionPolicy(s))
+	settled, done, postponed := batch[:0:0], results[:0:0], results[:0:0]
+	for i, r := range results {
+		if r.Outcome == idem.Postponed {
+			carry = append(carry, batch[i])
+			postponed = append(postponed, r)
+			continue
+		}
+		settled, done = append(settled, batch[i]), append(done, r)
+	}
+	if len(postponed) > 0 {
+		src.eng.Count(s.ctx, postponed)
+	}
+	src.settle(s.ctx, s, settled, done)
+	return carry
+}
+
+// sessionPolicy is the queue's policy for the batches of session s: their
+// retries stop when it dies.
+func (src *Source) sessionPolicy(s *session) engine.Policy {
+	p := src.policy
+	p.Abandon = s.dead
+	return p
+}
+
+// isolate runs suspects one at a time, each alone (engine.RunAlone), until
+// stop is closed.
+func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case d := <-suspects:
+			select {
+			case <-stop:
+				return // not started: left unacked for redelivery
+			default:
+			}
+			r := src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))
+			src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
+		}
+	}
+}
+
+// HeaderInt reads an integer header of any AMQP integer type; other types
+// (a string x-delivery-count, say) are ignored rather than trusted.
+func HeaderInt(h amqp.Table, key string) (int64, bool) {
+	switch v := h[key].(type) {
+	case int64:
+		return v, true
+	case int32:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	case int:
+		return int64(v), true
+	case uint8:
+		return int64(v), true
+	case uint16:
+		return int64(v), true
+	case uint32:
+		return int64(v), true
+	default:
+		return 0, false
+	}
 }

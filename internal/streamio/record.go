@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 )
 
@@ -78,17 +78,17 @@ func idString(id any) string {
 	}
 }
 
-// Raws turns records of stream into the engine's raw messages, each
-// received at received.
-func Raws(stream string, recs []Record, received time.Time) []engine.Raw {
-	raws := make([]engine.Raw, len(recs))
+// Messages turns records of stream into idem messages, each received at
+// received.
+func Messages(stream string, recs []Record, received time.Time) []idem.Message {
+	msgs := make([]idem.Message, len(recs))
 	for i, r := range recs {
-		raws[i] = engine.Raw{
+		msgs[i] = idem.Message{
 			MessageID: r.MessageID, Body: r.Body, Headers: r.ApplicationProperties,
 			ContentType: r.Properties.ContentType, CorrelationID: r.Properties.CorrelationID,
 			Source: stream, Offset: r.Offset, HasOffset: true, Timestamp: r.Timestamp, Attempt: 1,
 			ReceivedAt: received,
 		}
 	}
-	return raws
+	return msgs
 }

@@ -7,120 +7,28 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/tracing"
 )
 
-// Options change how a batch runs. The zero value runs a live batch.
-type Options struct {
-	// Scope is the inbox consumer name; Config.Name when empty.
-	Scope string
-	// ReadOnly runs a READ ONLY transaction that is always rolled back: the
-	// inbox is looked up, not claimed, and every valid item's handler runs.
-	ReadOnly bool
-	// Only, when set, selects the items to process; the others are Skipped.
-	Only func(*Item) bool
-	// Rerun runs the handler of selected items the inbox already holds.
-	Rerun bool
-	// MessageContext decorates each item's handler context; a batch with it
-	// runs item by item, never through the batch handler.
-	MessageContext func(context.Context, *Item) context.Context
-	// AsyncCommit commits with synchronous_commit off (a rebuild's batches).
-	AsyncCommit bool
-	// TrackAttempts keeps failed attempts and original routes in the
-	// attempts table (a queue with a retry queue).
-	TrackAttempts bool
-	// Postpone lets a message whose first write names a row another batch
-	// in flight wrote leave its batch (Postponed) instead of waiting for
-	// that batch's locks. Not for ordered sources or ordering keys: the
-	// message then runs after later ones.
-	Postpone bool
-	// InOrder processes in order: once an item is to be retried, the items
-	// after it are Deferred and nothing after it commits; a split batch
-	// whose first half does not settle does not run its second half.
-	InOrder bool
-	// BeforeCommit runs last inside the transaction, with the results.
-	BeforeCommit func(ctx context.Context, tx pgx.Tx, items []*Item, results []Result) error
-	// Committed runs after a commit succeeded.
-	Committed func(items []*Item, results []Result)
-	// AfterCommit runs once a commit returned (tests simulate a crash here).
-	AfterCommit func()
-	// Abandon, when closed, stops the retries of a failing batch (its
-	// broker session died: its messages are redelivered anyway).
-	Abandon <-chan struct{}
-	// Gate, when non-zero, is an advisory lock the transaction takes in
-	// shared mode as it begins, in the BEGIN round trip (waiting at most
-	// HandlerTimeout). A session that takes it exclusively — a rebuild
-	// swapping its tables in — waits for the batches in flight and holds
-	// the next ones at their start, before they touch anything.
-	Gate int64
-}
-
-// plan is how one attempt runs.
-type plan struct {
-	savepoints  bool          // a savepoint per handler
-	newClaims   bool          // claim with a plain INSERT (ClaimNewBatch)
-	lockTimeout time.Duration // the transaction's lock_timeout
-	serial      bool          // take the consumer's batch lock exclusively (see governor)
-	fixed       []Result      // results decided before this attempt; zero Outcome: run the item
-}
-
-// batchError is a failure of the transaction as a whole: nothing in it is
-// known to have committed.
-type batchError struct {
-	err        error
-	contention bool // deadlock, serialization failure or lock timeout
-	// foreign reports a conflict over a row no other batch of this process
-	// wrote: with another process's batch.
-	foreign bool
-}
-
-func (e *batchError) Error() string { return "batch: " + e.err.Error() }
-func (e *batchError) Unwrap() error { return e.err }
-
-func failed(err error) error { return &batchError{err: err, contention: isContention(err)} }
-
-// isContention reports a deadlock (40P01), a serialization failure (40001)
-// or a lock wait past lock_timeout (55P03): concurrent transactions wanted
-// the same rows, and a retry, smaller or later, resolves it.
-func isContention(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01" || pgErr.Code == "55P03")
-}
-
-// excludeError ends an attempt whose transaction cannot go on because of one
-// item: its handler timed out, was abandoned, or tried to end the
-// transaction. That item's result is decided; the others run again without it.
-type excludeError struct {
-	index  int
-	result Result
-}
-
-func (e *excludeError) Error() string {
-	return fmt.Sprintf("message %d of the batch: %v", e.index, e.result.Err)
-}
-
-var (
-	// errNeedSavepoints abandons an optimistic batch whose handler failed.
-	errNeedSavepoints = errors.New("engine: a handler failed; run the batch with savepoints")
-	// errAlreadyClaimed abandons a ClaimNewBatch batch that meets a claimed id.
-	errAlreadyClaimed = errors.New("engine: a message of the batch is in the inbox; claim it with ClaimBatch")
-	// errAbortedByHandler is a handler that returned nil after a failed statement.
-	errAbortedByHandler = errors.New("handler returned nil, but a statement it ran failed and aborted the transaction")
-)
-
-// batch is one attempt: one transaction over items.
+// batch is one attempt: one transaction over items, with its own
+// bookkeeping (the watch that supervised shares, the rows its handlers
+// wrote, its spans).
 type batch struct {
 	e        *Engine
-	o        *Options
-	p        *plan
+	policy   *Policy
+	plan     *plan
 	scope    string
 	items    []*Item
 	results  []Result
@@ -137,7 +45,7 @@ type batch struct {
 	// handler's: one allocation per batch, not one per handler.
 	hctxs     []handlerContext
 	batchHctx handlerContext
-	unclaim   []string       // claims of Deferred items, removed before commit
+	unclaim   []string       // claims of Held items, removed before commit
 	stopAt    int            // InOrder: index of the first retried item, -1 for none
 	done      []bool         // items whose handler completed
 	runnable  []int          // the items claimed, in batch order
@@ -149,8 +57,8 @@ type batch struct {
 
 // attempt runs items once, in one transaction, and returns each item's
 // result; an error means nothing is known to have committed.
-func (e *Engine) attempt(ctx context.Context, items []*Item, o *Options, p *plan, w *watch) (_ []Result, err error) {
-	b := e.newBatch(ctx, items, o, p, w)
+func (e *Engine) attempt(ctx context.Context, items []*Item, p *Policy, pl *plan, w *watch) (_ []Result, err error) {
+	b := e.newBatch(ctx, items, p, pl, w)
 	defer func() { b.end(err) }()
 	if err := b.begin(ctx); err != nil {
 		return nil, err
@@ -163,7 +71,7 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, o *Options, p *plan
 	if err := b.runHandlers(ctx, runnable, decisions); err != nil {
 		return nil, err
 	}
-	if o.ReadOnly {
+	if p.Inbox == Look {
 		return b.results, nil // end rolls back
 	}
 	if err := b.commit(ctx); err != nil {
@@ -172,15 +80,11 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, o *Options, p *plan
 	return b.results, nil
 }
 
-func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *plan, w *watch) *batch {
-	b := &batch{e: e, o: o, p: p, items: items, watch: w, stopAt: -1, done: make([]bool, len(items)),
-		results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)), spans: make([]trace.Span, len(items)),
-		hctxs: make([]handlerContext, len(items))}
-	b.scope = o.Scope
-	if b.scope == "" {
-		b.scope = e.cfg.Name
-	}
-	if !p.savepoints && !o.ReadOnly && !o.Rerun {
+func (e *Engine) newBatch(ctx context.Context, items []*Item, p *Policy, pl *plan, w *watch) *batch {
+	b := &batch{e: e, policy: p, plan: pl, items: items, watch: w, stopAt: -1, scope: p.scope(e),
+		done: make([]bool, len(items)), results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)),
+		spans: make([]trace.Span, len(items)), hctxs: make([]handlerContext, len(items))}
+	if !pl.savepoints && p.Inbox == Claim {
 		b.deferred = &idem.Deferred{} // handlers' writes that can wait for the end of the batch
 		ctx = idem.WithDeferred(ctx, b.deferred)
 	}
@@ -189,11 +93,11 @@ func (e *Engine) newBatch(ctx context.Context, items []*Item, o *Options, p *pla
 	b.handlerCtx = ctx
 	for i, it := range items {
 		b.ctxs[i], b.spans[i] = e.tel.startSpan(ctx, it, len(items))
-		if o.MessageContext != nil {
-			b.ctxs[i] = o.MessageContext(b.ctxs[i], it)
+		if p.MessageContext != nil {
+			b.ctxs[i] = p.MessageContext(b.ctxs[i], it)
 		}
 	}
-	e.tel.batch(ctx, len(items))
+	e.tel.batchSize.Record(ctx, int64(len(items)), e.tel.baseRecord...)
 	return b
 }
 
@@ -206,7 +110,7 @@ func (b *batch) end(err error) {
 		case ex != nil && ex.index == i:
 			r = ex.result
 		case err != nil:
-			r = Result{Outcome: Unresolved, Err: err}
+			r = Result{Outcome: idem.Unresolved, Err: err}
 		}
 		endSpan(span, r)
 	}
@@ -228,8 +132,8 @@ func (b *batch) end(err error) {
 // a check that the client is still there while a statement runs, so that a
 // dead worker's backend cannot hold inbox locks.
 func (b *batch) begin(ctx context.Context) error {
-	wait := b.p.lockTimeout
-	if b.p.serial {
+	wait := b.plan.lockTimeout
+	if b.plan.serial {
 		wait = b.e.cfg.HandlerTimeout // queued behind other processes' batches
 	}
 	ctx, cancel := b.bounded(ctx, wait)
@@ -240,7 +144,7 @@ func (b *batch) begin(ctx context.Context) error {
 	}
 	b.conn = conn
 	b.watch.hold(conn, b)
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.o, b.p)})
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.policy, b.plan)})
 	if err != nil {
 		return &batchError{err: fmt.Errorf("begin: %w", err)}
 	}
@@ -261,10 +165,10 @@ func (b *batch) bounded(ctx context.Context, wait time.Duration) (context.Contex
 const checkInterval = time.Second
 
 // beginSQL is BEGIN with the batch's settings, sent in one round trip.
-func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
+func (e *Engine) beginSQL(conn *pgxpool.Conn, p *Policy, pl *plan) string {
 	var sb strings.Builder
 	sb.WriteString("BEGIN")
-	if o.ReadOnly {
+	if p.Inbox == Look {
 		sb.WriteString(" READ ONLY")
 	}
 	setMillis := func(name string, d time.Duration) {
@@ -273,23 +177,23 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	}
-	if o.Gate != 0 || !o.ReadOnly {
+	if p.Gate != 0 || p.Inbox != Look {
 		setMillis("lock_timeout", e.cfg.HandlerTimeout)
 	}
-	if o.Gate != 0 {
+	if p.Gate != 0 {
 		// The gate first: a batch held at it holds nothing else, so that
 		// the batches the gate's holder runs meanwhile (a swap's catch-up)
 		// are not queued behind it on the batch lock.
 		sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
-		sb.WriteString(strconv.FormatInt(o.Gate, 10))
+		sb.WriteString(strconv.FormatInt(p.Gate, 10))
 		sb.WriteString(")")
 	}
-	if !o.ReadOnly {
+	if p.Inbox != Look {
 		// The consumer's batch lock, shared by the batches of every process:
 		// a batch of a process whose batches conflict with other processes'
 		// (see governor) takes it exclusively, and so runs alone, queued
 		// behind and before the others instead of timing out on their rows.
-		if p.serial {
+		if pl.serial {
 			sb.WriteString("; SELECT pg_advisory_xact_lock(")
 		} else {
 			sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
@@ -297,12 +201,12 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, o *Options, p *plan) string {
 		sb.WriteString(strconv.FormatInt(e.serialKey, 10))
 		sb.WriteString(")")
 	}
-	setMillis("lock_timeout", p.lockTimeout)
+	setMillis("lock_timeout", pl.lockTimeout)
 	setMillis("idle_in_transaction_session_timeout", e.cfg.HandlerTimeout+abandonGrace+5*time.Second)
 	if e.serverMajor(conn) >= 14 {
 		setMillis("client_connection_check_interval", checkInterval)
 	}
-	if o.AsyncCommit {
+	if p.AsyncCommit {
 		sb.WriteString("; SET LOCAL synchronous_commit = off")
 	}
 	return sb.String()
@@ -329,16 +233,16 @@ func (b *batch) decideFixed() []int {
 	for i, it := range b.items {
 		switch {
 		case b.stopAt >= 0:
-			b.results[i] = Result{Outcome: Deferred}
-		case b.p.fixed != nil && b.p.fixed[i].Outcome != 0:
-			b.results[i] = b.p.fixed[i]
-			if b.o.InOrder && b.results[i].Outcome == Retry {
+			b.results[i] = Result{Outcome: idem.Held}
+		case b.plan.fixed != nil && b.plan.fixed[i].Outcome != 0:
+			b.results[i] = b.plan.fixed[i]
+			if b.policy.InOrder && b.results[i].Outcome == idem.Retried {
 				b.stopAt = i
 			}
-		case b.o.Only != nil && !b.o.Only(it):
-			b.results[i] = Result{Outcome: Skipped} // untouched, even if invalid
+		case b.policy.Select != nil && !b.policy.Select(it):
+			b.results[i] = Result{Outcome: idem.Skipped} // untouched, even if invalid
 		case it.Reject != nil:
-			b.results[i] = Result{Outcome: DeadLettered, Reason: it.Reject.Reason, Err: it.Reject.Err}
+			b.results[i] = Result{Outcome: idem.DeadLettered, Reason: it.Reject.Reason, Err: it.Reject.Err}
 		default:
 			runnable = append(runnable, i)
 		}
@@ -355,26 +259,29 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 	if len(runnable) == 0 {
 		return nil, nil
 	}
-	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	ctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
 	defer cancel()
-	if b.o.TrackAttempts {
+	if b.policy.RetryQueue && slices.ContainsFunc(runnable, func(i int) bool {
+		it := b.items[i]
+		return it.row == nil && (it.Returned || it.Suspect)
+	}) {
 		if err := b.e.lookupAttempts(ctx, b.tx, b.scope, b.items, runnable); err != nil {
 			return nil, failed(err)
 		}
 	}
 	order := slices.Clone(runnable)
-	if !b.o.ReadOnly {
+	if b.policy.Inbox != Look {
 		slices.SortStableFunc(order, func(i, j int) int { return strings.Compare(b.items[i].ID, b.items[j].ID) })
 	}
 	claims := make([]inbox.Claim, len(order))
 	for k, i := range order {
-		it := b.items[i]
-		claims[k] = inbox.Claim{Consumer: b.scope, MessageID: it.ID, PayloadHash: it.Hash, BusinessKey: it.BusinessKey, Source: it.Source}
-		if it.HasOffset {
-			claims[k].StreamOffset = &it.Offset
+		m := b.items[i].Message
+		claims[k] = inbox.Claim{Consumer: b.scope, MessageID: m.ID, PayloadHash: m.Hash, BusinessKey: m.BusinessKey, Source: m.Source}
+		if m.HasOffset {
+			claims[k].StreamOffset = &m.Offset
 		}
 	}
-	got, err := b.e.decide(ctx, b.tx, claims, b.o, b.p)
+	got, err := b.e.decide(ctx, b.tx, claims, b.policy, b.plan)
 	if errors.Is(err, inbox.ErrClaimed) {
 		return nil, errAlreadyClaimed
 	}
@@ -389,37 +296,23 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 }
 
 // decide claims the messages in the inbox, or, read-only, looks them up.
-func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, o *Options, p *plan) ([]inbox.Result, error) {
+func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, p *Policy, pl *plan) ([]inbox.Result, error) {
 	switch {
-	case o.ReadOnly:
-	case p.newClaims:
+	case p.Inbox == Look:
+		return e.inbox.LookupClaims(ctx, tx, claims)
+	case pl.newClaims:
 		return e.inbox.ClaimNewBatch(ctx, tx, claims)
 	default:
 		return e.inbox.ClaimBatch(ctx, tx, claims)
 	}
-	out := make([]inbox.Result, len(claims))
-	for i, cl := range claims {
-		rec, err := e.inbox.Lookup(ctx, tx, cl.Consumer, cl.MessageID)
-		switch {
-		case errors.Is(err, inbox.ErrNotFound):
-			out[i] = inbox.Result{Decision: inbox.NewMessage, StoredHash: cl.PayloadHash}
-		case err != nil:
-			return nil, err
-		case rec.PayloadHash == cl.PayloadHash:
-			out[i] = inbox.Result{Decision: inbox.Duplicate, StoredHash: rec.PayloadHash}
-		default:
-			out[i] = inbox.Result{Decision: inbox.Conflict, StoredHash: rec.PayloadHash}
-		}
-	}
-	return out, nil
 }
 
 // commit flushes the deferred writes, writes the dead-letter rows, attempt
 // counts and the source's own rows, and commits.
 func (b *batch) commit(ctx context.Context) error {
-	ctx, cancel := b.bounded(ctx, b.p.lockTimeout)
+	ctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
 	defer cancel()
-	if b.deferred != nil {
+	if b.deferred != nil && b.deferred.Uses() > 0 {
 		if err := b.deferred.Flush(ctx, b.tx); err != nil {
 			if isContention(err) {
 				return &batchError{err: err, contention: true}
@@ -435,15 +328,13 @@ func (b *batch) commit(ctx context.Context) error {
 			return failed(err)
 		}
 	}
-	records := &pgx.Batch{}
-	b.e.queueRecords(records, b.scope, b.o, b.items, b.results)
-	if records.Len() > 0 {
-		if err := b.tx.SendBatch(ctx, records).Close(); err != nil {
-			return failed(fmt.Errorf("record dead letters and attempts: %w", err))
+	if b.e.hasRecords(b.policy, b.items, b.results) {
+		if err := b.e.writeRecords(ctx, b.tx, b.scope, b.policy, b.items, b.results); err != nil {
+			return failed(err)
 		}
 	}
-	if b.o.BeforeCommit != nil {
-		if err := b.o.BeforeCommit(ctx, b.tx, b.items, b.results); err != nil {
+	if b.policy.BeforeCommit != nil {
+		if err := b.policy.BeforeCommit(ctx, b.tx, b.items, b.results); err != nil {
 			return failed(err)
 		}
 	}
@@ -451,16 +342,140 @@ func (b *batch) commit(ctx context.Context) error {
 	defer cancel()
 	start := time.Now()
 	err := b.tx.Commit(cctx)
-	b.e.tel.commitTime(ctx, time.Since(start))
+	b.e.tel.commitDur.Record(ctx, time.Since(start).Seconds(), b.e.tel.baseRecord...)
 	if err != nil {
 		return failed(fmt.Errorf("commit: %w", err))
 	}
 	b.e.Counts.Batches.Add(1)
-	if b.o.Committed != nil {
-		b.o.Committed(b.items, b.results)
+	if b.policy.Committed != nil {
+		b.policy.Committed(b.items, b.results)
 	}
-	if b.o.AfterCommit != nil {
-		b.o.AfterCommit()
+	if b.policy.AfterCommit != nil {
+		b.policy.AfterCommit()
 	}
 	return nil
+}
+
+// watch is what the supervisor of an attempt knows about it: which handler
+// runs, since when, and whether the attempt was abandoned. The attempt's
+// goroutine owns its connection except while a handler runs; the
+// supervisor may take it then, and only then (see abandon.go). The handler
+// stage marks its handlers in and out (enter, leave: handlers.go).
+type watch struct {
+	mu        sync.Mutex
+	conn      *pgxpool.Conn
+	owner     *batch
+	inHandler bool
+	index     int // the item whose handler runs; -1 for the batch handler
+	started   time.Time
+	abandoned bool
+	// expire ends the handlers' context with errHandlerDeadline. The
+	// supervisor calls it, under mu, only while a handler that ran past its
+	// deadline is still in the watch; the attempt then ends (see call), so
+	// no later handler ever sees the ended context. One cancellable context
+	// per attempt costs far less than a timer per handler.
+	expire  context.CancelCauseFunc
+	expired bool
+}
+
+func (w *watch) hold(conn *pgxpool.Conn, b *batch) {
+	w.mu.Lock()
+	w.conn, w.owner = conn, b
+	w.mu.Unlock()
+}
+
+// arm hands the watch the function that ends the attempt's handler context.
+func (w *watch) arm(expire context.CancelCauseFunc) {
+	w.mu.Lock()
+	w.expire = expire
+	w.mu.Unlock()
+}
+
+// finish ends the attempt's handler context, once the attempt is over or
+// abandoned.
+func (w *watch) finish() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.expire != nil {
+		w.expire(context.Canceled)
+	}
+}
+
+// release reports whether the connection is still the attempt's to release.
+func (w *watch) release() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.abandoned
+}
+
+// release forgets that b holds the rows named keys: its transaction ended.
+func (k *writeKeys) release(b *batch, keys []uint64) {
+	if len(keys) == 0 {
+		return
+	}
+	k.mu.Lock()
+	for _, key := range keys {
+		k.drop(b, key)
+	}
+	k.mu.Unlock()
+}
+
+// startSpan starts the process span of one message, a child of the trace
+// context found in its headers (W3C trace context by default), named and
+// attributed after the messaging semantic conventions: for a queue the
+// destination is the exchange the message was published to (with its
+// routing key and the delivery tag), for a stream the stream.
+func (t *Telemetry) startSpan(ctx context.Context, it *Item, batchSize int) (context.Context, trace.Span) {
+	if len(it.Headers) > 0 {
+		ctx = tracing.Propagator(nil).Extract(ctx, tracing.AMQPCarrier(it.Headers))
+	}
+	ctx, span := t.tracer.Start(ctx, "process "+it.Source, t.spanStart...)
+	if !span.IsRecording() {
+		return ctx, span // tracing is off: build no attributes
+	}
+	destination := it.Exchange
+	if it.HasOffset {
+		destination = it.Source
+	}
+	span.SetAttributes(
+		semconv.MessagingSystemRabbitMQ,
+		semconv.MessagingOperationTypeProcess,
+		semconv.MessagingOperationName("process"),
+		semconv.MessagingDestinationName(destination),
+		semconv.MessagingDestinationSubscriptionName(it.Source),
+		semconv.MessagingConsumerGroupName(t.name),
+		semconv.MessagingMessageID(it.ID),
+		semconv.MessagingMessageBodySize(len(it.Body)),
+		semconv.MessagingBatchMessageCount(batchSize),
+	)
+	if it.CorrelationID != "" {
+		span.SetAttributes(semconv.MessagingMessageConversationID(it.CorrelationID))
+	}
+	if it.RoutingKey != "" {
+		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(it.RoutingKey))
+	}
+	if it.DeliveryTag != 0 {
+		span.SetAttributes(semconv.MessagingRabbitMQMessageDeliveryTag(int(it.DeliveryTag)))
+	}
+	if it.HasOffset {
+		span.SetAttributes(attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(it.Offset, 10)))
+	}
+	return ctx, span
+}
+
+// endSpan records the message's outcome on its span.
+func endSpan(span trace.Span, r Result) {
+	if !span.IsRecording() {
+		span.End()
+		return
+	}
+	span.SetAttributes(attribute.String("idem.outcome", r.Outcome.String()))
+	if r.Reason != "" {
+		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.Reason))
+	}
+	if r.Err != nil && r.Outcome != idem.Processed {
+		span.SetStatus(codes.Error, r.Err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String(r.Outcome.String()))
+	}
+	span.End()
 }

@@ -1,4 +1,8 @@
-package replay
+// Package replaycmd is the "replay" subcommand a worker binary adds beside
+// its worker: it parses the command line into replay.Options, runs the
+// replay with the worker's stream consumer, prints a summary, and maps the
+// outcome to an exit code (ExitCode).
+package replaycmd
 
 import (
 	"context"
@@ -11,14 +15,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/replay"
 )
 
 // Command configures Main.
 type Command struct {
 	// Options are the defaults the flags override; set the ones flags do
 	// not cover here (Projection, Reset, Logger, BatchSize…).
-	Options Options
+	Options replay.Options
 	// KeyFlag names the flag that selects repair messages by business key,
 	// e.g. "order" for --order o-1,o-2. Default: "key".
 	KeyFlag string
@@ -30,14 +35,14 @@ type Command struct {
 }
 
 // ErrUsage is returned (wrapped) by Main for arguments it cannot parse.
-var ErrUsage = errors.New("replay: usage")
+var ErrUsage = errors.New("replaycmd: usage")
 
 // Main is the "replay" subcommand of a worker binary: it parses args
 // (without the subcommand's name), runs the replay with c and prints a
 // summary. A worker binary adds it next to its worker:
 //
 //	case "replay":
-//		return replay.Main(ctx, c, args[1:], replay.Command{Options: replay.Options{Projection: overview}})
+//		return replaycmd.Main(ctx, c, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
 //
 // and exits with ExitCode(err). With Options.Projection, --mode rebuild
 // runs online, beside the running workers; with --in-place (and
@@ -56,7 +61,7 @@ var ErrUsage = errors.New("replay: usage")
 //	--wait                                  in-place rebuild: wait for live workers to release the stream
 //	--batch N                               messages per transaction
 //	--allow-below-horizon                   normal: start where retention made the inbox forget
-func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command) error {
+func Main(ctx context.Context, c *stream.Consumer, args []string, cmd Command) error {
 	if cmd.KeyFlag == "" {
 		cmd.KeyFlag = "key"
 	}
@@ -89,8 +94,8 @@ func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command)
 	} else if f.report != "" && o.Mode != idem.Forensic {
 		return fmt.Errorf("%w: --report is for forensic replays", ErrUsage)
 	}
-	s, err := Run(ctx, c, o)
-	if errors.Is(err, ErrInvalidOptions) {
+	s, err := replay.Run(ctx, c, o)
+	if errors.Is(err, replay.ErrInvalidOptions) {
 		err = fmt.Errorf("%w: %w", ErrUsage, err)
 	}
 	if err == nil || s.RunID != "" || s.Messages > 0 {
@@ -106,7 +111,7 @@ type flags struct {
 }
 
 // parse reads args into the options cmd.Options give defaults to.
-func (cmd Command) parse(args []string) (Options, flags, error) {
+func (cmd Command) parse(args []string) (replay.Options, flags, error) {
 	o := cmd.Options
 	var f flags
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
@@ -140,13 +145,13 @@ func (cmd Command) parse(args []string) (Options, flags, error) {
 }
 
 // apply sets the options the flags f give.
-func (f flags) apply(o *Options) error {
+func (f flags) apply(o *replay.Options) error {
 	o.Mode = idem.Mode(f.mode)
 	var err error
-	if o.From, err = ParsePosition(f.from); err != nil {
+	if o.From, err = replay.ParsePosition(f.from); err != nil {
 		return fmt.Errorf("%w: --from: %v", ErrUsage, err)
 	}
-	if o.To, err = ParsePosition(f.to); err != nil {
+	if o.To, err = replay.ParsePosition(f.to); err != nil {
 		return fmt.Errorf("%w: --to: %v", ErrUsage, err)
 	}
 	if o.Mode != idem.Repair {
@@ -164,12 +169,12 @@ func (f flags) apply(o *Options) error {
 }
 
 // abandonRun is Main with --abandon.
-func abandonRun(ctx context.Context, c *consumer.Consumer, o Options, stderr io.Writer) error {
+func abandonRun(ctx context.Context, c *stream.Consumer, o replay.Options, stderr io.Writer) error {
 	if o.Mode != idem.Rebuild || o.RunID == "" {
 		return fmt.Errorf("%w: --abandon needs --mode rebuild and the --run-id of the rebuild to abandon", ErrUsage)
 	}
-	cfg := c.Config()
-	if err := Abandon(ctx, cfg.Pool, cfg.Tables, o.RunID); err != nil {
+	cfg := c.Consumer().Config()
+	if err := replay.Abandon(ctx, cfg.Pool, cfg.Tables, o.RunID); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "rebuild %s abandoned: its shadow tables are dropped; the live projection is untouched\n", o.RunID)
@@ -184,7 +189,7 @@ func ExitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.Is(err, ErrFindings):
+	case errors.Is(err, replay.ErrFindings):
 		return 1
 	default:
 		return 2
@@ -192,7 +197,7 @@ func ExitCode(err error) int {
 }
 
 // printSummary writes s for a person.
-func printSummary(w io.Writer, s Summary) {
+func printSummary(w io.Writer, s replay.Summary) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "replay %s of %s", s.Mode, s.Stream)
 	if s.RunID != "" {

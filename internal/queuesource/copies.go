@@ -1,0 +1,125 @@
+package queuesource
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/internal/safetext"
+)
+
+// The copies of a message that failed: the dead letter published to the
+// dead-letter queue, the retry parked in the retry queue. Their headers
+// (package deadletters names them) inform operators; the runtime never
+// reads them back.
+
+// notStored logs, and returns as the reason to end the session, that the
+// broker returned nReturned retries or dead letters as unroutable and
+// refused nRefused (basic.nack).
+func (src *Source) notStored(nReturned, nRefused int) error {
+	log := src.cfg.Logger.With("consumer", src.cfg.Name, "retry_queue", src.cfg.RetryQueue,
+		"dead_letter_queue", src.cfg.DeadLetterQueue)
+	var whys []string
+	if nReturned > 0 {
+		// The retry or dead-letter queue is gone: reconnecting declares it again.
+		log.Error("retry or dead-letter queue unroutable (broker returned the messages); leaving them unacked and reconnecting to declare the queues again",
+			"messages", nReturned)
+		whys = append(whys, fmt.Sprintf("%d returned as unroutable", nReturned))
+	}
+	if nRefused > 0 {
+		log.Error("broker refused retries or dead letters (negative confirm: a full queue with x-overflow reject-publish, or a broker error); leaving them unacked and reconnecting",
+			"messages", nRefused)
+		whys = append(whys, fmt.Sprintf("%d refused with a nack", nRefused))
+	}
+	return fmt.Errorf("%w: %s", errNotStored, strings.Join(whys, ", "))
+}
+
+// outgoing builds the copies to publish: dead letters and retries.
+func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []outgoing, idx []int) {
+	for i, r := range results {
+		d := batch[i]
+		switch r.Outcome {
+		case idem.DeadLettered:
+			src.logDeadLetter(d.it, r)
+			out = append(out, src.deadLetter(d, r))
+			idx = append(idx, i)
+		case idem.Retried:
+			delay := retry.Backoff(d.it.Attempt, src.cfg.RetryBaseDelay, src.cfg.RetryMaxDelay)
+			src.cfg.Logger.Info("handler failed, retrying", "consumer", src.cfg.Name, "message_id", safetext.ShortID(d.it.ID),
+				"attempt", d.it.Attempt, "retry_in", delay, "error", safetext.Error(r.Err))
+			out = append(out, src.retry(d, r, delay))
+			idx = append(idx, i)
+		}
+	}
+	return out, idx
+}
+
+// logDeadLetter logs why a message is dead-lettered; conflicts loudly, with
+// both hashes.
+func (src *Source) logDeadLetter(it *engine.Item, r engine.Result) {
+	if r.Reason == deadletters.ReasonPayloadConflict {
+		src.cfg.Logger.Error("payload conflict: message id reused with a different payload",
+			"consumer", src.cfg.Name, "message_id", safetext.ShortID(it.ID),
+			"payload_hash", it.Hash.String(), "stored_hash", r.StoredHash.String())
+		return
+	}
+	src.cfg.Logger.Warn("dead-lettering message", "consumer", src.cfg.Name,
+		"message_id", safetext.ShortID(it.ID), "reason", r.Reason, "error", safetext.Error(r.Err))
+}
+
+// deadLetter is the copy of d published to the dead-letter queue.
+func (src *Source) deadLetter(d *delivery, r engine.Result) outgoing {
+	p := src.republish(d)
+	p.Headers[deadletters.HeaderReason] = r.Reason
+	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
+	p.Headers[deadletters.HeaderConsumer] = src.cfg.Name
+	p.Headers[deadletters.HeaderAttempts] = int64(d.it.Attempt)
+	p.Headers[deadletters.HeaderPayloadHash] = d.it.Hash.String()
+	if !r.StoredHash.IsZero() && r.Reason == deadletters.ReasonPayloadConflict {
+		p.Headers[deadletters.HeaderStoredHash] = r.StoredHash.String()
+	}
+	return outgoing{queue: src.cfg.DeadLetterQueue, msg: p}
+}
+
+// retry is the copy of d parked in the retry queue for delay; the queue's
+// dead-letter route brings it back when it expires.
+func (src *Source) retry(d *delivery, r engine.Result, delay time.Duration) outgoing {
+	p := src.republish(d)
+	p.Headers[deadletters.HeaderAttempt] = int64(d.it.Attempt + 1)
+	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
+	p.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
+	return outgoing{queue: src.cfg.RetryQueue, msg: p}
+}
+
+// republish copies d's properties and headers for publishing it again. The
+// user id is left out: the broker checks it against the publishing
+// connection's user.
+func (src *Source) republish(d *delivery) amqp.Publishing {
+	headers := make(amqp.Table, len(d.d.Headers)+8)
+	for k, v := range d.d.Headers {
+		headers[k] = v
+	}
+	headers[deadletters.HeaderOriginalExchange] = d.it.Exchange
+	headers[deadletters.HeaderOriginalRoutingKey] = d.it.RoutingKey
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.d.ContentType,
+		ContentEncoding: d.d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.d.Priority,
+		CorrelationId:   d.d.CorrelationId,
+		ReplyTo:         d.d.ReplyTo,
+		MessageId:       d.d.MessageId,
+		Timestamp:       d.d.Timestamp,
+		Type:            d.d.Type,
+		AppId:           d.d.AppId,
+		Body:            d.d.Body,
+	}
+}

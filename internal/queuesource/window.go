@@ -1,0 +1,509 @@
+package queuesource
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/engine"
+)
+
+// The window of a session is its deliveries that are not settled yet: a
+// delivery enters it when the router takes it (take) and leaves it when its
+// batch is settled with the broker (settle). The gate bounds the window in
+// bytes, the acker settles it with as few frames as it can.
+
+// take puts delivery d, which src's router took off the channel, in the
+// session's window: the acker will settle its tag (registered before any
+// later delivery can be settled), the gate counts its body until it is
+// settled.
+func (s *session) take(src *Source, d *amqp.Delivery) {
+	s.acks.deliver(d.DeliveryTag)
+	s.gate.take(len(d.Body))
+	src.held.Store(s.gate.heldBytes())
+}
+
+// settle tells the broker what became of each message, after the batch's
+// transaction committed: ack processed and duplicate messages; publish dead
+// letters and retries with confirms, then ack them; hand unresolved ones
+// back. Acks for a dead session are dropped (the broker redelivers, and the
+// inbox turns the redelivery into a duplicate).
+//
+// A dead letter or retry is acked only once the broker confirmed its copy.
+// A copy the broker did not store (returned as unroutable, refused with a
+// nack, or not confirmed) leaves its message with the broker, and the
+// message is counted as unresolved, not as dead-lettered or retried. When
+// the broker returned or refused a copy, the session ends and the message
+// stays unacked: the broker requeues it when the channel closes, and Run
+// reconnects, with backoff (see Run), declaring the queues again.
+func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, results []engine.Result) {
+	stored := make([]bool, len(batch))
+	for i, r := range results {
+		stored[i] = r.Outcome == idem.Processed || r.Outcome == idem.Duplicate
+	}
+	defer func() {
+		for _, d := range batch {
+			s.gate.give(len(d.d.Body))
+		}
+		src.held.Store(s.gate.heldBytes())
+		src.eng.Count(ctx, countable(results, stored)) // once the broker has been told
+	}()
+	out, outIdx := src.outgoing(batch, results)
+	if !s.alive() {
+		src.dropAcks(ctx, len(batch))
+		return
+	}
+	settleCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), src.cfg.CommitTimeout)
+	defer cancel()
+	notStored := false
+	if len(out) > 0 {
+		fates, err := s.pub.publishAll(settleCtx, out)
+		if err != nil {
+			src.cfg.Logger.Error("publishing dead letters and retries failed; leaving them for redelivery",
+				"consumer", src.cfg.Name, "error", err)
+		}
+		var nReturned, nRefused int
+		for j, i := range outIdx {
+			stored[i] = fates[j] == inQueue
+			switch fates[j] {
+			case returned:
+				nReturned++
+			case refused:
+				nRefused++
+			}
+		}
+		if notStored = nReturned+nRefused > 0; notStored {
+			// Leave the messages unacked and reconnect; requeueing them at
+			// once would only have them refused again, in a hot loop.
+			why := src.notStored(nReturned, nRefused)
+			defer s.kill(why)
+		}
+	}
+	src.ack(ctx, s, batch, stored, notStored)
+}
+
+// countable is results as they are counted: a dead letter or a retry whose
+// copy the broker did not store was handed back, not settled, and counts
+// as unresolved.
+func countable(results []engine.Result, stored []bool) []engine.Result {
+	var out []engine.Result
+	for i, r := range results {
+		if (r.Outcome == idem.DeadLettered || r.Outcome == idem.Retried) && !stored[i] {
+			if out == nil {
+				out = slices.Clone(results)
+			}
+			out[i] = engine.Result{Outcome: idem.Unresolved, Err: r.Err, Inbox: r.Inbox}
+		}
+	}
+	if out == nil {
+		return results
+	}
+	return out
+}
+
+// ack acks what is stored and hands back what is not; when notStored, the
+// session ends and what is not stored is left unacked instead.
+func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, stored []bool, notStored bool) {
+	acks := make([]uint64, 0, len(batch))
+	var nacks []uint64
+	for i, d := range batch {
+		switch {
+		case stored[i]:
+			acks = append(acks, d.d.DeliveryTag)
+		case notStored:
+			// left unacked: the session ends and the broker requeues it
+		default:
+			nacks = append(nacks, d.d.DeliveryTag)
+		}
+	}
+	if !s.alive() {
+		src.dropAcks(ctx, len(batch))
+		return
+	}
+	err := s.acks.settle(acks, nacks)
+	if err == nil && notStored {
+		// The session ends: no ack may wait for the tags left unacked,
+		// this batch's or, from now on, another worker's.
+		err = s.acks.flush()
+	}
+	if err != nil {
+		// finish counts the acks that were not sent when the session ends.
+		src.cfg.Logger.Warn("acking failed; the broker redelivers what was not acked",
+			"consumer", src.cfg.Name, "error", err)
+		s.kill(fmt.Errorf("acking failed: %w", err))
+	}
+}
+
+// dropAcks counts n settlements skipped because the session died.
+func (src *Source) dropAcks(ctx context.Context, n int) {
+	src.eng.Telemetry().AcksDropped(ctx, n)
+	src.eng.Counts.AcksDropped.Add(int64(n))
+}
+
+// gate bounds in bytes what the consume connection holds in memory.
+// RabbitMQ ignores basic.qos prefetch-size, and a consumer's prefetch count
+// cannot change once it consumes, so the count alone would let a window of
+// large messages (prefetch × 16 MiB) into memory. The gate sits under the
+// AMQP client, on the connection's socket: once the bodies of the deliveries
+// taken and not yet settled, plus what was read since the last one, reach
+// the budget, it stops reading the socket until a settlement frees room.
+// The broker then waits on TCP flow control; nothing is lost or reordered.
+// It always lets the next delivery in while nothing is held, so a single
+// message larger than the budget still passes: memory stays below the
+// budget plus one message.
+//
+// Publishing (dead letters, retries, their confirms) runs on a connection
+// of its own, which the gate never blocks; so settling never waits on the
+// gate. Before an RPC that needs the broker's answer on the consume
+// connection (cancel, close) the session opens the gate for good.
+type gate struct {
+	mu      sync.Mutex
+	budget  int64
+	held    int64 // bodies of deliveries taken and not yet settled
+	partial int64 // bytes read from the socket since the last delivery was taken
+	open    bool  // the session ends: never block again
+	changed chan struct{}
+}
+
+func newGate(budget int64) *gate {
+	return &gate{budget: budget, changed: make(chan struct{})}
+}
+
+// take accounts a delivery of n body bytes handed to the workers.
+func (g *gate) take(n int) {
+	g.mu.Lock()
+	g.held += int64(n)
+	g.partial = 0 // what was read since the last delivery was this one
+	g.mu.Unlock()
+}
+
+// give frees the n body bytes of a settled delivery.
+func (g *gate) give(n int) {
+	g.mu.Lock()
+	g.held -= int64(n)
+	g.wake()
+	g.mu.Unlock()
+}
+
+// release opens the gate for good.
+func (g *gate) release() {
+	g.mu.Lock()
+	g.open = true
+	g.wake()
+	g.mu.Unlock()
+}
+
+// heldBytes is what the gate accounts for now.
+func (g *gate) heldBytes() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held + g.partial
+}
+
+func (g *gate) wake() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+// read accounts n bytes read from the socket.
+func (g *gate) read(n int) {
+	g.mu.Lock()
+	g.partial += int64(n)
+	g.mu.Unlock()
+}
+
+// wait blocks until the socket may be read (or closed is closed, ok false);
+// waited reports whether it blocked at all.
+func (g *gate) wait(closed <-chan struct{}) (waited, ok bool) {
+	g.mu.Lock()
+	for !g.open && g.held > 0 && g.held+g.partial >= g.budget {
+		ch := g.changed
+		g.mu.Unlock()
+		waited = true
+		select {
+		case <-ch:
+		case <-closed:
+			return true, false
+		}
+		g.mu.Lock()
+	}
+	g.mu.Unlock()
+	return waited, true
+}
+
+// gatedConn is the consume connection's socket behind a gate.
+type gatedConn struct {
+	net.Conn
+	gate   *gate
+	closed chan struct{}
+	once   sync.Once
+
+	mu sync.Mutex
+	// readTimeout is the read deadline the AMQP client last set, as a
+	// duration from when it set it: the client rearms it after every frame
+	// (heartbeat timeout), and a wait at the gate must not count against it.
+	readTimeout time.Duration
+}
+
+func gated(c net.Conn, g *gate) *gatedConn {
+	return &gatedConn{Conn: c, gate: g, closed: make(chan struct{})}
+}
+
+func (c *gatedConn) Read(p []byte) (int, error) {
+	waited, ok := c.gate.wait(c.closed)
+	if !ok {
+		return 0, net.ErrClosed
+	}
+	if waited {
+		c.mu.Lock()
+		if d := c.readTimeout; d > 0 {
+			_ = c.Conn.SetReadDeadline(time.Now().Add(d))
+		}
+		c.mu.Unlock()
+	}
+	n, err := c.Conn.Read(p)
+	c.gate.read(n)
+	return n, err
+}
+
+func (c *gatedConn) SetReadDeadline(t time.Time) error {
+	c.remember(t)
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *gatedConn) SetDeadline(t time.Time) error {
+	c.remember(t)
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *gatedConn) remember(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.IsZero() {
+		c.readTimeout = 0
+		return
+	}
+	c.readTimeout = time.Until(t)
+}
+
+func (c *gatedConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// ackChannel is the part of *amqp.Channel the acker needs.
+type ackChannel interface {
+	Ack(tag uint64, multiple bool) error
+	Nack(tag uint64, multiple, requeue bool) error
+}
+
+// acker settles one channel's deliveries with as few frames as it can. A
+// basic.ack with multiple=true settles every outstanding delivery up to its
+// tag; batches finish out of delivery order (several workers, ordering
+// keys), so the acker knows which deliveries are still unsettled and sends
+// one multiple ack for every waiting ack below the lowest of them. It never
+// covers a delivery that is not to be acked: one still in a batch, one
+// handed back (nacked at once, before any multiple ack that could span it)
+// or one left for redelivery (never started at shutdown, unroutable dead
+// letter) stays unsettled and bounds the multiple ack. When more than half
+// the prefetch window waits above an unsettled delivery that has not settled
+// for hold, the oldest waiting acks go out one by one until a quarter waits
+// (a slow batch must not hold the window); every waiting ack goes out at
+// flush. Within hold they keep waiting: the lowest unsettled delivery is
+// then usually a message that left its batch because another batch in
+// flight wrote its row, and it settles in its worker's next batch. Acking
+// one by one meanwhile would cost the broker a frame per message, for most
+// messages of a handler whose batches often touch the same rows.
+//
+// Both sets it keeps are bounded by the prefetch window: the broker stops
+// delivering when prefetch deliveries are unacked, and every tag in them is
+// unacked. The channel must carry this one consumer only (no basic.get, no
+// second consume, no client-side recovery), so that its tags are the
+// deliveries passed to deliver.
+//
+// One multiple ack per batch instead of one frame per message cuts the
+// broker's CPU per message on quorum queues by about a third (BENCHMARKS.md)
+// and saves a write per message.
+type acker struct {
+	ch ackChannel
+
+	mu sync.Mutex
+	// unsettled holds the delivered tags that were neither acked nor
+	// nacked yet; low is at most the lowest of them (next when empty).
+	unsettled map[uint64]struct{}
+	low, next uint64
+	// waiting holds the tags whose ack was not sent yet.
+	waiting map[uint64]struct{}
+	// maxWaiting is how many acks may wait above an unsettled tag.
+	maxWaiting int
+	// hold is how long more than maxWaiting acks may wait above the same
+	// lowest unsettled delivery, which became the lowest at lowSince;
+	// holdTimer sends them one by one when hold ends without a settle.
+	hold      time.Duration
+	lowSince  time.Time
+	holdTimer *time.Timer
+	// closing sends every ack at once, one by one: the session is ending
+	// and the deliveries blocking a multiple ack will never be settled.
+	closing bool
+	// sent reports that an ack frame went out on the channel.
+	sent atomic.Bool
+}
+
+// ackHold is the acker's hold: a few batches' time, long enough for a
+// message that left its batch to settle in the next one, short enough
+// that a hung batch (until HandlerTimeout) can fill the window and idle
+// every worker only briefly.
+const ackHold = 250 * time.Millisecond
+
+func newAcker(ch ackChannel, prefetch int) *acker {
+	return &acker{ch: ch, unsettled: map[uint64]struct{}{}, waiting: map[uint64]struct{}{},
+		low: 1, next: 1, maxWaiting: max(prefetch/2, 1), hold: ackHold, lowSince: time.Now()}
+}
+
+// deliver registers a delivery, in the order the channel delivered them.
+func (a *acker) deliver(tag uint64) {
+	a.mu.Lock()
+	if len(a.unsettled) == 0 {
+		a.lowSince = time.Now() // the lowest unsettled delivery from now on
+	}
+	a.unsettled[tag] = struct{}{}
+	a.next = tag + 1
+	a.mu.Unlock()
+}
+
+// settle acks the tags in acks and hands back (nack, requeue) the tags in
+// nacks. Nacks are sent first, so no multiple ack sent now or later covers
+// a message that is to be redelivered. An error means the channel failed:
+// the caller ends the session; acks not sent stay counted in unsent.
+func (a *acker) settle(acks, nacks []uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, tag := range nacks {
+		if err := a.ch.Nack(tag, false, true); err != nil {
+			return fmt.Errorf("nack %d: %w", tag, err)
+		}
+		delete(a.unsettled, tag)
+	}
+	for _, tag := range acks {
+		delete(a.unsettled, tag)
+		a.waiting[tag] = struct{}{}
+	}
+	if a.closing {
+		return a.ackEach()
+	}
+	low := a.low
+	for a.low < a.next {
+		if _, ok := a.unsettled[a.low]; ok {
+			break
+		}
+		a.low++
+	}
+	if a.low != low {
+		a.lowSince = time.Now()
+	}
+	var top uint64 // the highest waiting tag below every unsettled one
+	for tag := range a.waiting {
+		if tag < a.low && tag > top {
+			top = tag
+		}
+	}
+	if top > 0 {
+		if err := a.ch.Ack(top, true); err != nil {
+			return fmt.Errorf("ack up to %d: %w", top, err)
+		}
+		a.sent.Store(true)
+		for tag := range a.waiting {
+			if tag <= top {
+				delete(a.waiting, tag)
+			}
+		}
+	}
+	return a.unload()
+}
+
+// unload acks the oldest waiting tags one by one when more than maxWaiting
+// wait and the lowest unsettled delivery has not settled for hold; before
+// that, it arms holdTimer to do so then, unless a settle does it first.
+func (a *acker) unload() error {
+	if a.closing || len(a.waiting) <= a.maxWaiting {
+		return nil
+	}
+	if wait := a.hold - time.Since(a.lowSince); wait > 0 {
+		if a.holdTimer == nil {
+			a.holdTimer = time.AfterFunc(wait, a.holdEnded)
+		}
+		return nil
+	}
+	return a.ackOldest(len(a.waiting) - a.maxWaiting/2)
+}
+
+// holdEnded runs on holdTimer. An error means the channel failed: its close
+// notification ends the session, and the acks not sent stay counted in
+// unsent.
+func (a *acker) holdEnded() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.holdTimer = nil
+	_ = a.unload()
+}
+
+// ackOldest acks the n lowest waiting tags with a frame each. The rest
+// keep waiting for the multiple ack that follows once the deliveries below
+// them settle, which is usually soon: a message that left its batch runs in
+// the worker's next one.
+func (a *acker) ackOldest(n int) error {
+	tags := make([]uint64, 0, len(a.waiting))
+	for tag := range a.waiting {
+		tags = append(tags, tag)
+	}
+	slices.Sort(tags)
+	for _, tag := range tags[:min(n, len(tags))] {
+		if err := a.ch.Ack(tag, false); err != nil {
+			return fmt.Errorf("ack %d: %w", tag, err)
+		}
+		delete(a.waiting, tag)
+		a.sent.Store(true)
+	}
+	return nil
+}
+
+// flush acks every waiting tag one by one, and from then on acks as soon as
+// settle is called. Call it when the session ends on purpose (shutdown, an
+// unroutable dead-letter queue), before cancelling the consumer: the
+// deliveries blocking a multiple ack will not be settled on this channel.
+func (a *acker) flush() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closing = true
+	if a.holdTimer != nil {
+		a.holdTimer.Stop()
+		a.holdTimer = nil
+	}
+	return a.ackEach()
+}
+
+// unsent is how many acks are still waiting: lost if the session ends now.
+func (a *acker) unsent() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.waiting)
+}
+
+// ackEach acks every waiting tag with a frame of its own.
+func (a *acker) ackEach() error {
+	for tag := range a.waiting {
+		if err := a.ch.Ack(tag, false); err != nil {
+			return fmt.Errorf("ack %d: %w", tag, err)
+		}
+		delete(a.waiting, tag)
+		a.sent.Store(true)
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+package idem
+
+// Outcome is what became of one message: the one vocabulary of the
+// runtime, its sources, consumer.Process, the metrics
+// (idem.consumer.messages) and the stats.
+type Outcome uint8
+
+// The outcomes. The zero value means "not decided yet". A queue consumer
+// reports the first five; consumer.Process the first five too; an ordered
+// source (a stream, a replay) never reports Retried (it retries in place).
+const (
+	// Processed: the handler ran and its writes committed with the inbox row.
+	Processed Outcome = iota + 1
+	// Duplicate: the inbox held the id with the same payload hash; the
+	// handler did not run.
+	Duplicate
+	// DeadLettered: the message cannot be processed; its dead-letter row
+	// committed, with the reason.
+	DeadLettered
+	// Retried: the handler failed; nothing committed for the message; it
+	// is tried again later (the retry queue).
+	Retried
+	// Unresolved: the batch transaction failed; nothing committed; the
+	// message goes back to its source.
+	Unresolved
+	// Skipped: not selected by a repair replay; nothing was done.
+	Skipped
+	// Held: not attempted, because an earlier message of an ordered batch
+	// is being retried; it runs again after that one.
+	Held
+	// Postponed: it left its batch before writing anything, because another
+	// batch in flight writes its row; it runs in a later batch.
+	Postponed
+)
+
+// outcomeNames are the outcomes' metric and log names.
+var outcomeNames = [...]string{
+	Processed: "processed", Duplicate: "duplicate", DeadLettered: "dead_lettered", Retried: "retried",
+	Unresolved: "unresolved", Skipped: "skipped", Held: "held", Postponed: "postponed",
+}
+
+// String is the outcome's metric and log name: processed, duplicate,
+// dead_lettered, retried, unresolved, skipped, held or postponed.
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return "undecided"
+}
+
+// Final reports whether o settles its message for good: processed,
+// duplicate, dead-lettered or skipped.
+func (o Outcome) Final() bool {
+	return o == Processed || o == Duplicate || o == DeadLettered || o == Skipped
+}
+
+// Outcomes lists every outcome, in order.
+func Outcomes() []Outcome {
+	out := make([]Outcome, 0, len(outcomeNames)-1)
+	for o := Processed; int(o) < len(outcomeNames); o++ {
+		out = append(out, o)
+	}
+	return out
+}
