@@ -43,7 +43,7 @@ type Config struct {
 
 	// BatchMaxWait is how long a worker that already holds more than one
 	// message waits for the batch to fill. A lone message never waits.
-	// Default: 500µs.
+	// Default: 500µs. Queue only.
 	BatchMaxWait time.Duration
 
 	// BatchRetries is how many times a batch is retried after a database
@@ -67,9 +67,11 @@ type Config struct {
 	CommitTimeout time.Duration
 
 	// ConnectionName is shown in the broker's management UI. Default: "idem:"+Name.
+	// Queue only.
 	ConnectionName string
 
 	// DeadLetterQueue receives messages that cannot be processed. Default: Queue+".dlq".
+	// Queue only.
 	DeadLetterQueue string
 
 	// DeliveryLimit is the quorum queue's x-delivery-limit: a message the
@@ -77,7 +79,7 @@ type Config struct {
 	// dying on it) is dead-lettered by the broker with x-death reason
 	// "delivery_limit". idem dead-letters such a message itself first (see
 	// MaxCrashes); the limit is the backstop. It must exceed MaxCrashes + 1.
-	// Default: 20.
+	// Default: 20. Queue only.
 	DeliveryLimit int
 
 	// HandlerTimeout bounds each handler call. A handler past it has its
@@ -113,7 +115,7 @@ type Config struct {
 	// prefetched, buffered and in flight — whatever the message size: past
 	// it the runtime stops reading from the broker until batches settle.
 	// One message larger than the bound still passes on its own.
-	// Default: 64 MiB.
+	// Default: 64 MiB. Queue only.
 	MaxBufferedBytes int64
 
 	// MaxCrashes is how many times a message may be running, alone, when
@@ -145,7 +147,7 @@ type Config struct {
 	Name string
 
 	// OrderingKey, when set, keeps messages with the same key in order
-	// (one worker per key) while different keys run in parallel.
+	// (one worker per key) while different keys run in parallel. Queue only.
 	OrderingKey func(m *Message) string
 
 	// Pool is the PostgreSQL pool. Required.
@@ -154,13 +156,14 @@ type Config struct {
 	// Prefetch is the broker's limit of unacknowledged deliveries.
 	// Default: 4 × BatchMaxSize × Workers, at most 4000: a batch running
 	// and one ready for every worker, and as many acks again waiting for
-	// a multiple ack. MaxBufferedBytes bounds the bytes they hold.
+	// a multiple ack. MaxBufferedBytes bounds the bytes they hold. Queue only.
 	Prefetch int
 
-	// Queue is the queue to consume.
+	// Queue is the queue to consume. Queue only.
 	Queue string
 
 	// QueueType is the x-queue-type the queue is declared with. Default: "quorum".
+	// Queue only.
 	QueueType string
 
 	// ReconnectMaxDelay caps the exponential backoff between reconnects
@@ -177,6 +180,7 @@ type Config struct {
 	RetryMaxDelay time.Duration
 
 	// RetryQueue holds messages waiting for their retry. Default: Queue+".retry".
+	// Queue only.
 	RetryQueue string
 
 	// ShutdownTimeout is how long in-flight batches may take to finish after
@@ -191,7 +195,7 @@ type Config struct {
 	Tables idem.Tables
 
 	// Topology says whether queues are declared, checked, or taken as they are.
-	// Default: Declare.
+	// Default: Declare. Queue only.
 	Topology Topology
 
 	// TracerProvider provides the spans. Default: the global provider.

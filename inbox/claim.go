@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/pgplan"
 )
 
 // A claim that finds its message's row records the sighting on it (see
@@ -57,7 +57,7 @@ FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::big
 
 // The lookups of a batch's keys join the rows to an array of whole keys,
 // the consumer with each message id, and are planned at each execution
-// (store.PlannedNow). Written as consumer = $1 AND message_id = ANY($2),
+// (pgplan.PlannedNow). Written as consumer = $1 AND message_id = ANY($2),
 // they let the planner read the consumer's whole range and filter the ids
 // when its statistics say the consumer has few rows: they say so for every
 // consumer that started after the table was last analyzed, until the
@@ -356,7 +356,7 @@ func (ib *Inbox) storedHashes(ctx context.Context, tx pgx.Tx, claims []Claim, id
 	for j, i := range idx {
 		consumers[j], ids[j] = claims[i].Consumer, claims[i].MessageID
 	}
-	rows, err := tx.Query(ctx, ib.sql.storedHashes, store.PlannedNow(tx.Conn(), consumers, ids)...)
+	rows, err := tx.Query(ctx, ib.sql.storedHashes, pgplan.PlannedNow(tx.Conn(), consumers, ids)...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: read %d stored hashes: %w", len(idx), err)
 	}
@@ -433,7 +433,7 @@ func (ib *Inbox) UnclaimBatch(ctx context.Context, tx pgx.Tx, consumer string, m
 	for i := range consumers {
 		consumers[i] = consumer
 	}
-	tag, err := tx.Exec(ctx, ib.sql.unclaimBatch, store.PlannedNow(tx.Conn(), consumers, messageIDs)...)
+	tag, err := tx.Exec(ctx, ib.sql.unclaimBatch, pgplan.PlannedNow(tx.Conn(), consumers, messageIDs)...)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: unclaim %d messages: %w", len(messageIDs), err)
 	}

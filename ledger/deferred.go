@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/pgplan"
 )
 
 // recordManySQL inserts a batch's effects in one statement; the effects
@@ -115,7 +115,7 @@ func (p *pendingEffects) compareExisting(ctx context.Context, tx pgx.Tx, inserte
 			ids = append(ids, e.ID)
 		}
 	}
-	rows, err := tx.Query(ctx, p.l.sql.storedHashes, store.PlannedNow(tx.Conn(), ids)...)
+	rows, err := tx.Query(ctx, p.l.sql.storedHashes, pgplan.PlannedNow(tx.Conn(), ids)...)
 	if err != nil {
 		return fmt.Errorf("ledger: read %d recorded effects: %w", len(ids), err)
 	}

@@ -63,7 +63,7 @@ func (r *runner) checkHorizon(ctx context.Context, from Position, end int64) err
 // firstRecord returns the first record of [from, end]; found is false when
 // the range holds none.
 func (r *runner) firstRecord(ctx context.Context, from Position, end int64) (first streamio.Record, found bool, err error) {
-	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: Offset(end).stream(), MaxBatch: 1}
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from, To: Offset(end), MaxBatch: 1}
 	err = r.env.Read(ctx, spec, func(_ context.Context, recs []streamio.Record) error {
 		first, found = recs[0], true
 		return errFirst

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/internal/retry"
 	"github.com/idemkit/idem/internal/shadow"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/streamio"
 )
 
 // swapAttempts bounds the swaps an online rebuild tries (each one postponed
@@ -89,11 +90,11 @@ func (r *runner) startOnline(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if r.o.From.kind == posOffset && r.o.From.offset > live+1 {
+	if r.o.From.Kind() == streamio.PositionOffset && r.o.From.At() > live+1 {
 		return 0, invalid("the rebuild would start at offset %d, after the live consumer's checkpoint %d: "+
-			"(%d, %d) would be missing from the rebuilt tables; start at %d or earlier", r.o.From.offset, live, live, r.o.From.offset, live+1)
+			"(%d, %d) would be missing from the rebuilt tables; start at %d or earlier", r.o.From.At(), live, live, r.o.From.At(), live+1)
 	}
-	if r.o.From.kind == posTime {
+	if r.o.From.Kind() == streamio.PositionTime {
 		return 0, invalid("a rebuild starts from first or an offset, not a time")
 	}
 	id := r.o.RunID
@@ -117,8 +118,8 @@ func (r *runner) startOnline(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	r.row = row
-	if r.o.From.kind == posOffset {
-		return r.o.From.offset - 1, nil
+	if r.o.From.Kind() == streamio.PositionOffset {
+		return r.o.From.At() - 1, nil
 	}
 	return -1, nil
 }
@@ -185,8 +186,8 @@ func (r *runner) applied(ctx context.Context, q store.Querier) (int64, error) {
 		return 0, err
 	case ok:
 		return last, nil
-	case r.o.From.kind == posOffset:
-		return r.o.From.offset - 1, nil
+	case r.o.From.Kind() == streamio.PositionOffset:
+		return r.o.From.At() - 1, nil
 	default:
 		return -1, nil
 	}
@@ -253,7 +254,7 @@ func (r *runner) build(ctx context.Context, done int64) error {
 // resumeAt is where reading continues after offset done: the run's start
 // before anything was applied.
 func (r *runner) resumeAt(done int64) Position {
-	if done < 0 && r.o.From.kind != posOffset {
+	if done < 0 && r.o.From.Kind() != streamio.PositionOffset {
 		return r.o.From
 	}
 	return Offset(done + 1)

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/projection"
 )
 
@@ -100,7 +101,7 @@ type Options struct {
 	// Select chooses the messages a repair re-runs. Required for repair.
 	Select Selection
 
-	// Stream is the stream to replay. Default: the consumer's Stream.
+	// Stream is the stream to replay. Default: the stream the consumer reads.
 	Stream string
 
 	// To is where the replay ends, inclusive. Default: Tail. An in-place
@@ -207,7 +208,7 @@ func (o Options) withDefaults(s *stream.Consumer) (Options, error) {
 	if o.Stream == "" {
 		o.Stream = s.Stream()
 	}
-	o.From, o.To = o.From.from(), o.To.to()
+	o.From, o.To = o.From.Or(First()), o.To.Or(Tail())
 	o.Select.Keys, o.Select.IDs = clean(o.Select.Keys), clean(o.Select.IDs)
 	return o, o.validate(cfg)
 }
@@ -223,19 +224,19 @@ func (o Options) validate(cfg consumer.Config) error {
 	}
 	switch {
 	case o.Stream == "":
-		return invalid("no stream: set Options.Stream or the consumer's Config.Stream")
-	case o.From.kind == posTail:
+		return invalid("no stream: set Options.Stream")
+	case o.From.Kind() == streamio.PositionTail:
 		return invalid("a replay cannot start at the tail")
-	case o.To.kind == posFirst:
+	case o.To.Kind() == streamio.PositionFirst:
 		return invalid("a replay cannot end at first")
-	case o.From.kind == posTime && o.From.time.After(now):
+	case o.From.Kind() == streamio.PositionTime && o.From.When().After(now):
 		return invalid("start %s is in the future", o.From)
-	case o.To.kind == posTime && o.To.time.After(now):
+	case o.To.Kind() == streamio.PositionTime && o.To.When().After(now):
 		return invalid("end %s is in the future: the end must be fixed when the replay starts", o.To)
-	case o.From.kind == posOffset && o.To.kind == posOffset && o.To.offset < o.From.offset,
-		o.From.kind == posTime && o.To.kind == posTime && o.To.time.Before(o.From.time):
+	case o.From.Kind() == streamio.PositionOffset && o.To.Kind() == streamio.PositionOffset && o.To.At() < o.From.At(),
+		o.From.Kind() == streamio.PositionTime && o.To.Kind() == streamio.PositionTime && o.To.When().Before(o.From.When()):
 		return invalid("end %s is before start %s", o.To, o.From)
-	case o.Mode == idem.Rebuild && o.To.kind == posTime:
+	case o.Mode == idem.Rebuild && o.To.Kind() == streamio.PositionTime:
 		return invalid("a rebuild ends at the tail or at an offset: the hand-off needs an exact offset")
 	case o.Mode != idem.Repair && (!o.Select.empty() || o.Redispatch):
 		return invalid("a selection and Redispatch are for repair only")
@@ -249,7 +250,7 @@ func (o Options) validate(cfg consumer.Config) error {
 		return invalid("Reset is for an in-place rebuild: an online rebuild (Projection) starts from empty shadow tables")
 	case o.Projection != nil && o.Wait:
 		return invalid("Wait is for an in-place rebuild: an online rebuild runs beside the live workers")
-	case o.Projection != nil && o.To.kind != posTail:
+	case o.Projection != nil && o.To.Kind() != streamio.PositionTail:
 		return invalid("an online rebuild ends where the live consumer is when it swaps: To must be the tail")
 	case o.Mode == idem.Forensic && o.RunID != "":
 		return invalid("a forensic replay writes nothing, so it has no run to resume: run it again")

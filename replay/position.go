@@ -10,39 +10,26 @@ import (
 	"github.com/idemkit/idem/internal/streamio"
 )
 
-type positionKind uint8
-
-const (
-	posDefault positionKind = iota // From: first; To: tail
-	posFirst
-	posTail
-	posOffset
-	posTime
-)
-
 // Position is where a replay starts or ends: First, Tail, an Offset or a
 // Time. The zero Position means First as Options.From and Tail as
-// Options.To. ParsePosition reads the command-line forms.
-type Position struct {
-	kind   positionKind
-	offset int64
-	time   time.Time
-}
+// Options.To. ParsePosition reads the command-line forms, which String
+// writes.
+type Position = streamio.Position
 
 // First is the oldest record the stream still holds.
-func First() Position { return Position{kind: posFirst} }
+func First() Position { return streamio.First() }
 
 // Tail is the last record committed when the replay starts: records
 // appended while it runs are not replayed.
-func Tail() Position { return Position{kind: posTail} }
+func Tail() Position { return streamio.Tail() }
 
 // Offset is the record at stream offset n, inclusive at both ends.
-func Offset(n int64) Position { return Position{kind: posOffset, offset: n} }
+func Offset(n int64) Position { return streamio.Offset(n) }
 
 // Time is a point in time, compared with each record's creation time: as a
 // start, the first record created at or after t; as an end, the last record
 // created at or before t.
-func Time(t time.Time) Position { return Position{kind: posTime, time: t} }
+func Time(t time.Time) Position { return streamio.Time(t) }
 
 // ErrInvalidPosition is returned (wrapped) by ParsePosition.
 var ErrInvalidPosition = errors.New("replay: invalid position")
@@ -68,52 +55,4 @@ func ParsePosition(s string) (Position, error) {
 		return Time(t), nil
 	}
 	return Position{}, fmt.Errorf("%w: %q (want first, tail, an offset or an RFC 3339 time)", ErrInvalidPosition, s)
-}
-
-// String returns the form ParsePosition reads; "" for the zero Position.
-func (p Position) String() string {
-	switch p.kind {
-	case posFirst:
-		return "first"
-	case posTail:
-		return "tail"
-	case posOffset:
-		return strconv.FormatInt(p.offset, 10)
-	case posTime:
-		return p.time.UTC().Format(time.RFC3339Nano)
-	default:
-		return ""
-	}
-}
-
-// from returns p as a start, the zero Position meaning First.
-func (p Position) from() Position {
-	if p.kind == posDefault {
-		return First()
-	}
-	return p
-}
-
-// to returns p as an end, the zero Position meaning Tail.
-func (p Position) to() Position {
-	if p.kind == posDefault {
-		return Tail()
-	}
-	return p
-}
-
-// stream converts p for streamio.
-func (p Position) stream() streamio.Position {
-	switch p.kind {
-	case posFirst:
-		return streamio.First()
-	case posTail:
-		return streamio.TailAtStart()
-	case posOffset:
-		return streamio.Offset(p.offset)
-	case posTime:
-		return streamio.Timestamp(p.time)
-	default:
-		return streamio.Position{}
-	}
 }

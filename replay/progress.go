@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idem/internal/streamio"
 )
 
 // redraw is how often the progress bar is drawn on a terminal.
@@ -71,8 +73,8 @@ type progress struct {
 func startProgress(w io.Writer, interval time.Duration, label string, from Position, t *tally) *progress {
 	p := &progress{w: w, tty: isTerminal(w), label: label, from: -1, t: t, start: time.Now(),
 		quit: make(chan struct{}), done: make(chan struct{})}
-	if from.kind == posOffset {
-		p.from = from.offset
+	if from.Kind() == streamio.PositionOffset {
+		p.from = from.At()
 	}
 	if p.tty {
 		interval = redraw

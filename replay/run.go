@@ -251,8 +251,8 @@ func (r *runner) resolveEnd(ctx context.Context) (int64, error) {
 	if !ok {
 		return -1, nil
 	}
-	if r.o.To.kind == posOffset {
-		return min(tail, r.o.To.offset), nil
+	if r.o.To.Kind() == streamio.PositionOffset {
+		return min(tail, r.o.To.At()), nil
 	}
 	return tail, nil
 }
@@ -305,12 +305,12 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 		// starts after the live checkpoint would leave the messages in
 		// between processed by nobody.
 		switch {
-		case r.o.From.kind == posTime:
+		case r.o.From.Kind() == streamio.PositionTime:
 			return Position{}, invalid("a rebuild starts from first or an offset, not a time: the live consumer's " +
 				"messages before the start must all be covered")
-		case r.o.From.kind == posOffset && r.o.From.offset > live+1:
+		case r.o.From.Kind() == streamio.PositionOffset && r.o.From.At() > live+1:
 			return Position{}, invalid("the rebuild would start at offset %d, after the live consumer's checkpoint %d: "+
-				"(%d, %d) would be processed by nobody; start at %d or earlier", r.o.From.offset, live, live, r.o.From.offset, live+1)
+				"(%d, %d) would be processed by nobody; start at %d or earlier", r.o.From.At(), live, live, r.o.From.At(), live+1)
 		}
 		row.live = &live
 	}
@@ -356,7 +356,7 @@ func (r *runner) resume(ctx context.Context, row *run) (Position, error) {
 	r.o.Redispatch = row.redispatch
 	r.o.Operator, r.o.Reason = row.operator, row.reason
 	r.o.From, r.o.To = mustParse(row.from), mustParse(row.to)
-	if r.o.To.kind != posTime {
+	if r.o.To.Kind() != streamio.PositionTime {
 		r.o.To = Offset(row.end)
 	}
 	last, ok, err := store.Checkpoint(ctx, r.pool, r.tables, runScope(r.cfg.Name, row.id), row.stream)
@@ -416,14 +416,14 @@ func (r *runner) readAll(ctx context.Context, from Position, end int64) error {
 
 // read replays [from, end] batch by batch.
 func (r *runner) read(ctx context.Context, from Position, end int64) error {
-	if end < 0 || from.kind == posOffset && from.offset > end {
+	if end < 0 || from.Kind() == streamio.PositionOffset && from.At() > end {
 		return nil
 	}
 	to := Offset(end)
-	if r.o.To.kind == posTime {
+	if r.o.To.Kind() == streamio.PositionTime {
 		to = r.o.To
 	}
-	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: to.stream(), MaxBatch: r.o.BatchSize}
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from, To: to, MaxBatch: r.o.BatchSize}
 	err := r.env.Read(ctx, spec, func(ctx context.Context, recs []streamio.Record) error {
 		n := len(recs)
 		for n > 0 && recs[n-1].Offset > end {

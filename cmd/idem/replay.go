@@ -16,7 +16,7 @@ func init() {
 const replayUsage = `usage:
   idem replay runs [--consumer C] [--limit N] [--json]   newest first, with their audit counts
   idem replay abandon RUN_ID                             drop an interrupted online rebuild's shadow tables
-Replays themselves run from the worker binary (replay.Main), next to the handler.`
+Replays themselves run from the worker binary (replaycmd.Main), next to the handler.`
 
 func runReplay(ctx context.Context, e *env, args []string) error {
 	return group(e, replayUsage, args, map[string]func([]string) error{

@@ -34,7 +34,7 @@
 //
 // # Delivering messages
 //
-// Incoming and IncomingJSON build a message with an id; Times repeats it, as
+// Message and MessageJSON build a message with a message-id; Times repeats it, as
 // a broker redelivering it would. Deliver runs the messages as one batch,
 // the way a busy queue hands them to a worker; DeliverEach runs each in a
 // batch of its own, the way a quiet queue does:
@@ -50,7 +50,7 @@
 //
 // RequireProcessed, RequireDuplicates and RequireDeadLettered fail the test
 // with every outcome listed when the messages did not end as expected;
-// Results counts the outcomes by result for assertions of your own. A
+// Outcomes counts the results by outcome for assertions of your own. A
 // handler error makes a message idem.Retried: Process commits nothing
 // for it and leaves the retry to its caller.
 //

@@ -8,13 +8,12 @@
 //
 // # A stream consumer
 //
-// The consumer is an ordinary consumer.Consumer whose Config names a Stream
-// instead of a Queue; its handler is an ordinary handler. Run reads until its
-// context is cancelled:
+// The consumer is an ordinary consumer.Consumer built without a Queue; its
+// handler is an ordinary handler. New makes it read a stream, and Run reads
+// until its context is cancelled:
 //
 //	c, err := consumer.New(consumer.Config{
 //		Name:    "orders-projection",
-//		Stream:  name,
 //		Pool:    pool,
 //		Tables:  tables,
 //		AMQPURL: amqpURL(),
@@ -27,15 +26,21 @@
 //		return consumer.Defer(ctx, tx, `INSERT INTO `+tables.QuotedSchema()+`.events (stream_offset, body) VALUES ($1, $2)`,
 //			m.Offset, string(m.Body))
 //	})
+//	s, err := stream.New(c, stream.Config{Stream: name})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //
-// and then, in place of c.Run (which refuses a stream):
+// and then:
 //
-//	go func() { ran <- stream.Run(runCtx, c) }()
+//	go func() { ran <- stream.Run(runCtx, s) }()
 //
-// The stream must exist: declare it as a stream queue (x-queue-type
-// "stream") when you set up the broker. The stream protocol's URL is
-// Config.StreamURL, else IDEM_STREAM_URL, else derived from AMQPURL (same
-// credentials, host and vhost, port 5552); see URL.
+// New refuses a consumer whose Config sets a field only a queue reads
+// (consumer.Config.QueueOnly: Queue, OrderingKey, Prefetch…): a wrong
+// combination fails there, never in Run. The stream must exist: declare it
+// as a stream queue (x-queue-type "stream") when you set up the broker. The
+// stream protocol's URL is Config.URL, else IDEM_STREAM_URL, else derived
+// from the consumer's AMQPURL (same credentials, host and vhost, port 5552).
 //
 // # Order and checkpoints
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/safetext"
+	"github.com/idemkit/idem/internal/sqltext"
 )
 
 // runHandlers runs, in batch order, the handler of every item the inbox
@@ -414,10 +415,10 @@ func (t *handlerTx) admit(sql string, args []any) error {
 	if t.postponed {
 		return errPostponed
 	}
-	if t.b == nil || !isWrite(sql) {
+	if t.b == nil || !sqltext.IsWrite(sql) {
 		return nil
 	}
-	key := rowKey(sql, args)
+	key := sqltext.RowKey(sql, args)
 	mayPostpone := t.postpone && !t.wrote && !t.deferredSince()
 	t.owned = t.b.e.keys.take(t.b, key, !mayPostpone)
 	if !t.owned && mayPostpone {
@@ -435,7 +436,7 @@ func (t *handlerTx) refuse(what string) error {
 }
 
 func (t *handlerTx) check(sql string) error {
-	if word, ok := transactionControl(sql); ok {
+	if word, ok := sqltext.ControlWord(sql); ok {
 		return t.refuse(word)
 	}
 	return nil

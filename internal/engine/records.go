@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/pgplan"
 	"github.com/idemkit/idem/internal/safetext"
-	"github.com/idemkit/idem/internal/store"
 )
 
 // What a batch writes besides the inbox when messages fail: their
@@ -81,7 +81,7 @@ func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, it
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, e.sql.lookupAttempts, store.PlannedNow(tx.Conn(), scopes, ids)...)
+	rows, err := tx.Query(ctx, e.sql.lookupAttempts, pgplan.PlannedNow(tx.Conn(), scopes, ids)...)
 	if err != nil {
 		return fmt.Errorf("engine: read attempts: %w", err)
 	}

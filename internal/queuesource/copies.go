@@ -4,11 +4,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
@@ -41,26 +39,6 @@ func (src *Source) notStored(nReturned, nRefused int) error {
 	return fmt.Errorf("%w: %s", errNotStored, strings.Join(whys, ", "))
 }
 
-// outgoing builds the copies to publish: dead letters and retries.
-func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []outgoing, idx []int) {
-	for i, r := range results {
-		d := batch[i]
-		switch r.Outcome {
-		case idem.DeadLettered:
-			src.logDeadLetter(d.it, r)
-			out = append(out, src.deadLetter(d, r))
-			idx = append(idx, i)
-		case idem.Retried:
-			delay := retry.Backoff(d.it.Attempt, src.cfg.RetryBaseDelay, src.cfg.RetryMaxDelay)
-			src.cfg.Logger.Info("handler failed, retrying", "consumer", src.cfg.Name, "message_id", safetext.ShortID(d.it.ID),
-				"attempt", d.it.Attempt, "retry_in", delay, "error", safetext.Error(r.Err))
-			out = append(out, src.retry(d, r, delay))
-			idx = append(idx, i)
-		}
-	}
-	return out, idx
-}
-
 // logDeadLetter logs why a message is dead-lettered; conflicts loudly, with
 // both hashes.
 func (src *Source) logDeadLetter(it *engine.Item, r engine.Result) {
@@ -74,8 +52,10 @@ func (src *Source) logDeadLetter(it *engine.Item, r engine.Result) {
 		"message_id", safetext.ShortID(it.ID), "reason", r.Reason, "error", safetext.Error(r.Err))
 }
 
-// deadLetter is the copy of d published to the dead-letter queue.
+// deadLetter logs why d is dead-lettered and returns its copy for the
+// dead-letter queue.
 func (src *Source) deadLetter(d *delivery, r engine.Result) outgoing {
+	src.logDeadLetter(d.it, r)
 	p := src.republish(d)
 	p.Headers[deadletters.HeaderReason] = r.Reason
 	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
@@ -88,9 +68,13 @@ func (src *Source) deadLetter(d *delivery, r engine.Result) outgoing {
 	return outgoing{queue: src.cfg.DeadLetterQueue, msg: p}
 }
 
-// retry is the copy of d parked in the retry queue for delay; the queue's
-// dead-letter route brings it back when it expires.
-func (src *Source) retry(d *delivery, r engine.Result, delay time.Duration) outgoing {
+// retry logs that d's handler failed and returns its copy, parked in the
+// retry queue for its backoff; the queue's dead-letter route brings it back
+// when it expires.
+func (src *Source) retry(d *delivery, r engine.Result) outgoing {
+	delay := retry.Backoff(d.it.Attempt, src.cfg.RetryBaseDelay, src.cfg.RetryMaxDelay)
+	src.cfg.Logger.Info("handler failed, retrying", "consumer", src.cfg.Name, "message_id", safetext.ShortID(d.it.ID),
+		"attempt", d.it.Attempt, "retry_in", delay, "error", safetext.Error(r.Err))
 	p := src.republish(d)
 	p.Headers[deadletters.HeaderAttempt] = int64(d.it.Attempt + 1)
 	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)

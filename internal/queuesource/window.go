@@ -89,6 +89,23 @@ func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, re
 	src.ack(ctx, s, batch, stored, notStored)
 }
 
+// outgoing builds the copies to publish: dead letters and retries (see
+// copies.go).
+func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []outgoing, idx []int) {
+	for i, r := range results {
+		d := batch[i]
+		switch r.Outcome {
+		case idem.DeadLettered:
+			out = append(out, src.deadLetter(d, r))
+			idx = append(idx, i)
+		case idem.Retried:
+			out = append(out, src.retry(d, r))
+			idx = append(idx, i)
+		}
+	}
+	return out, idx
+}
+
 // countable is results as they are counted: a dead letter or a retry whose
 // copy the broker did not store was handed back, not settled, and counts
 // as unresolved.

@@ -1,5 +1,7 @@
-// Package store holds the runtime's small SQL helpers that several internal
-// packages share: stream checkpoints and the stream reader's lock key.
+// Package store holds a stream consumer's position and what coordinates
+// moving it: its checkpoint (written in each batch's transaction), the
+// advisory lock that makes one process its reader, and the swap gate that
+// orders its batches with a rebuild's swap.
 package store
 
 import (

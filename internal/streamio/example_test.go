@@ -32,8 +32,8 @@ func ExampleEnv_Read() {
 
 	spec := streamio.ReadSpec{
 		Stream:   "orders",
-		From:     streamio.Timestamp(time.Now().Add(-time.Hour)),
-		To:       streamio.TailAtStart(),
+		From:     streamio.Time(time.Now().Add(-time.Hour)),
+		To:       streamio.Tail(),
 		MaxBatch: 500,
 	}
 	err = env.Read(ctx, spec, func(ctx context.Context, batch []streamio.Record) error {

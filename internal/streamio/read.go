@@ -188,9 +188,9 @@ func (e *Env) resolve(ctx context.Context, env *stream.Environment, spec ReadSpe
 	}
 	w := window{end: tail}
 	switch spec.To.kind {
-	case posOffset:
+	case PositionOffset:
 		w.end = min(w.end, spec.To.offset)
-	case posTime:
+	case PositionTime:
 		w.notAfter = spec.To.time
 		if spec.To.time.Before(started) {
 			// The first chunk stored after the end time bounds the range.
@@ -205,12 +205,12 @@ func (e *Env) resolve(ctx context.Context, env *stream.Environment, spec ReadSpe
 	}
 	var start stream.OffsetSpecification
 	switch spec.From.kind {
-	case posFirst:
+	case PositionFirst:
 		start = stream.OffsetSpecification{}.First()
-	case posOffset:
+	case PositionOffset:
 		w.from = spec.From.offset
 		start = stream.OffsetSpecification{}.Offset(w.from)
-	case posTime:
+	case PositionTime:
 		w.notBefore = spec.From.time
 		first, found, err := e.firstAtOrAfter(ctx, env, spec.Stream, spec.From.time.UnixMilli())
 		if err != nil || !found {

@@ -140,7 +140,7 @@ func TestReadFromTimestampSkipsEarlierRecords(t *testing.T) {
 	require.NoError(t, e.Publish(ctx, name, after))
 
 	c := &collector{tb: t}
-	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, From: Timestamp(mark)}, c.fn))
+	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, From: Time(mark)}, c.fn))
 	require.Equal(t, idsOf(after), ids(c.snapshot()))
 }
 
@@ -156,7 +156,7 @@ func TestReadToTimestampStopsBeforeLaterRecords(t *testing.T) {
 	require.NoError(t, e.Publish(ctx, name, messages("after", 20)))
 
 	c := &collector{tb: t}
-	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, To: Timestamp(mark)}, c.fn))
+	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, To: Time(mark)}, c.fn))
 	require.Equal(t, idsOf(before), ids(c.snapshot()))
 }
 
@@ -176,8 +176,8 @@ func TestReadEmptyRangesReturnWithoutRecords(t *testing.T) {
 	name := newStream(t, e)
 	require.NoError(t, e.Publish(ctx, name, messages("m", 5)))
 	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, From: Offset(5)}, never))
-	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, From: Timestamp(time.Now().Add(-time.Millisecond))}, never))
-	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, To: Timestamp(time.Now().Add(-time.Hour))}, never))
+	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, From: Time(time.Now().Add(-time.Millisecond))}, never))
+	require.NoError(t, e.Read(ctx, ReadSpec{Stream: name, To: Time(time.Now().Add(-time.Hour))}, never))
 }
 
 func TestReadRejectsRangesThatEndBeforeTheyStart(t *testing.T) {
@@ -190,11 +190,11 @@ func TestReadRejectsRangesThatEndBeforeTheyStart(t *testing.T) {
 
 	err := e.Read(ctx, ReadSpec{Stream: name, From: Offset(10), To: Offset(9)}, fn)
 	require.ErrorIs(t, err, ErrEndBeforeStart)
-	err = e.Read(ctx, ReadSpec{Stream: name, From: Timestamp(now.Add(-time.Minute)), To: Timestamp(now.Add(-time.Hour))}, fn)
+	err = e.Read(ctx, ReadSpec{Stream: name, From: Time(now.Add(-time.Minute)), To: Time(now.Add(-time.Hour))}, fn)
 	require.ErrorIs(t, err, ErrEndBeforeStart)
-	err = e.Read(ctx, ReadSpec{Stream: name, From: Timestamp(now.Add(time.Hour))}, fn)
+	err = e.Read(ctx, ReadSpec{Stream: name, From: Time(now.Add(time.Hour))}, fn)
 	require.ErrorIs(t, err, ErrStartInFuture)
-	err = e.Read(ctx, ReadSpec{Stream: name, From: TailAtStart()}, fn)
+	err = e.Read(ctx, ReadSpec{Stream: name, From: Tail()}, fn)
 	require.ErrorIs(t, err, ErrInvalidSpec)
 }
 

@@ -78,12 +78,12 @@ func TestValidateRejectsNonsense(t *testing.T) {
 	}{
 		{"no stream", ReadSpec{}, ErrInvalidSpec},
 		{"negative batch", ReadSpec{Stream: "s", MaxBatch: -1}, ErrInvalidSpec},
-		{"tail as start", ReadSpec{Stream: "s", From: TailAtStart()}, ErrInvalidSpec},
+		{"tail as start", ReadSpec{Stream: "s", From: Tail()}, ErrInvalidSpec},
 		{"first as end", ReadSpec{Stream: "s", To: First()}, ErrInvalidSpec},
 		{"negative offset", ReadSpec{Stream: "s", From: Offset(-1)}, ErrInvalidSpec},
 		{"offsets reversed", ReadSpec{Stream: "s", From: Offset(5), To: Offset(4)}, ErrEndBeforeStart},
-		{"times reversed", ReadSpec{Stream: "s", From: Timestamp(now.Add(-time.Second)), To: Timestamp(now.Add(-time.Hour))}, ErrEndBeforeStart},
-		{"start in future", ReadSpec{Stream: "s", From: Timestamp(now.Add(time.Minute))}, ErrStartInFuture},
+		{"times reversed", ReadSpec{Stream: "s", From: Time(now.Add(-time.Second)), To: Time(now.Add(-time.Hour))}, ErrEndBeforeStart},
+		{"start in future", ReadSpec{Stream: "s", From: Time(now.Add(time.Minute))}, ErrStartInFuture},
 	}
 	for _, c := range cases {
 		_, err := c.spec.validate(now)
@@ -97,7 +97,7 @@ func TestValidateRejectsNonsense(t *testing.T) {
 	spec, err = ReadSpec{Stream: "s"}.validate(now)
 	require.NoError(t, err)
 	require.Equal(t, First(), spec.From)
-	require.Equal(t, TailAtStart(), spec.To)
+	require.Equal(t, Tail(), spec.To)
 }
 
 func TestBufferBlocksProducerWhileFullAndHandsOverInOrder(t *testing.T) {

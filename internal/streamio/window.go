@@ -3,64 +3,92 @@ package streamio
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
-type positionKind uint8
+// PositionKind says what a Position names.
+type PositionKind uint8
 
+// The kinds of Position.
 const (
-	posDefault positionKind = iota // From: First, To: TailAtStart
-	posFirst
-	posTail
-	posOffset
-	posTime
+	// PositionDefault is the zero Position: First as a start, Tail as an
+	// end.
+	PositionDefault PositionKind = iota
+	// PositionFirst is the oldest record the stream still holds.
+	PositionFirst
+	// PositionTail is the last record committed when a read starts.
+	PositionTail
+	// PositionOffset is a record by its offset.
+	PositionOffset
+	// PositionTime is a point in time.
+	PositionTime
 )
 
-// Position is a point in a stream that a bounded read starts or ends at:
-// First, TailAtStart, Offset or Timestamp. The zero Position means First in
-// ReadSpec.From and TailAtStart in ReadSpec.To.
+// Position is a point in a stream that a bounded read (or a replay) starts
+// or ends at: First, Tail, an Offset or a Time. The zero Position means
+// First as a start and Tail as an end. package replay names it
+// replay.Position; ParsePosition there reads what String writes.
 type Position struct {
-	kind   positionKind
+	kind   PositionKind
 	offset int64
 	time   time.Time
 }
 
 // First is the oldest record the stream still holds.
-func First() Position { return Position{kind: posFirst} }
+func First() Position { return Position{kind: PositionFirst} }
 
-// TailAtStart is the last record committed when the read starts. Records
-// appended while the read runs are not read.
-func TailAtStart() Position { return Position{kind: posTail} }
+// Tail is the last record committed when the read starts. Records appended
+// while the read runs are not read.
+func Tail() Position { return Position{kind: PositionTail} }
 
 // Offset is the record at offset n (inclusive at both ends of a range).
-func Offset(n int64) Position { return Position{kind: posOffset, offset: n} }
+func Offset(n int64) Position { return Position{kind: PositionOffset, offset: n} }
 
-// Timestamp is a point in time. As a start it selects the first chunk the
-// broker stored at or after t, minus the records whose creation time is
-// before t; as an end, the last chunk stored at or before t, minus the
-// records whose creation time is after t. Chunk timestamps have millisecond
-// precision and are taken by the broker when it writes the chunk.
-func Timestamp(t time.Time) Position { return Position{kind: posTime, time: t} }
+// Time is a point in time, compared with each record's creation time: as a
+// start, the first record created at or after t; as an end, the last record
+// created at or before t. The read itself starts from the first chunk the
+// broker stored at or after t (chunk timestamps have millisecond precision
+// and are taken by the broker when it writes the chunk).
+func Time(t time.Time) Position { return Position{kind: PositionTime, time: t} }
 
-// String describes the position for errors and logs.
+// Kind says what p names.
+func (p Position) Kind() PositionKind { return p.kind }
+
+// At is the offset an Offset position names; 0 for the others.
+func (p Position) At() int64 { return p.offset }
+
+// When is the time a Time position names; zero for the others.
+func (p Position) When() time.Time { return p.time }
+
+// Or returns p, or def when p is the zero Position.
+func (p Position) Or(def Position) Position {
+	if p.kind == PositionDefault {
+		return def
+	}
+	return p
+}
+
+// String returns "first", "tail", the offset ("1200") or the time in
+// RFC 3339; "" for the zero Position.
 func (p Position) String() string {
 	switch p.kind {
-	case posFirst:
+	case PositionFirst:
 		return "first"
-	case posTail:
+	case PositionTail:
 		return "tail"
-	case posOffset:
-		return fmt.Sprintf("offset %d", p.offset)
-	case posTime:
-		return "time " + p.time.UTC().Format(time.RFC3339Nano)
+	case PositionOffset:
+		return strconv.FormatInt(p.offset, 10)
+	case PositionTime:
+		return p.time.UTC().Format(time.RFC3339Nano)
 	default:
-		return "default"
+		return ""
 	}
 }
 
 // ReadSpec is what a bounded Read reads.
 type ReadSpec struct {
-	// From is where the read starts: First, Offset or Timestamp. Default:
+	// From is where the read starts: First, Offset or Time. Default:
 	// First.
 	From Position
 	// MaxBatch caps the records handed to fn at once. Default:
@@ -68,17 +96,17 @@ type ReadSpec struct {
 	MaxBatch int
 	// Stream is the stream's name. Required.
 	Stream string
-	// To is where the read ends, inclusive: TailAtStart, Offset or
-	// Timestamp. An end past the tail is cut to the tail when the read
+	// To is where the read ends, inclusive: Tail, Offset or
+	// Time. An end past the tail is cut to the tail when the read
 	// starts: a bounded read never waits for records to be appended.
-	// Default: TailAtStart.
+	// Default: Tail.
 	To Position
 }
 
 // Errors returned (wrapped) by Read for a spec that makes no sense.
 var (
 	// ErrInvalidSpec means a field of ReadSpec cannot be used: no stream, a
-	// negative offset or batch size, TailAtStart as a start, First as an
+	// negative offset or batch size, Tail as a start, First as an
 	// end.
 	ErrInvalidSpec = errors.New("streamio: invalid read spec")
 	// ErrEndBeforeStart means To is before From.
@@ -99,23 +127,23 @@ func (s ReadSpec) validate(now time.Time) (ReadSpec, error) {
 	if s.MaxBatch == 0 {
 		s.MaxBatch = DefaultMaxBatch
 	}
-	if s.From.kind == posDefault {
+	if s.From.kind == PositionDefault {
 		s.From = First()
 	}
-	if s.To.kind == posDefault {
-		s.To = TailAtStart()
+	if s.To.kind == PositionDefault {
+		s.To = Tail()
 	}
 	switch {
-	case s.From.kind == posTail:
-		return s, fmt.Errorf("%w: From cannot be TailAtStart", ErrInvalidSpec)
-	case s.To.kind == posFirst:
+	case s.From.kind == PositionTail:
+		return s, fmt.Errorf("%w: From cannot be Tail", ErrInvalidSpec)
+	case s.To.kind == PositionFirst:
 		return s, fmt.Errorf("%w: To cannot be First", ErrInvalidSpec)
-	case s.From.kind == posOffset && s.From.offset < 0, s.To.kind == posOffset && s.To.offset < 0:
+	case s.From.kind == PositionOffset && s.From.offset < 0, s.To.kind == PositionOffset && s.To.offset < 0:
 		return s, fmt.Errorf("%w: offsets cannot be negative", ErrInvalidSpec)
-	case s.From.kind == posTime && s.From.time.After(now):
+	case s.From.kind == PositionTime && s.From.time.After(now):
 		return s, fmt.Errorf("%w: From %s is after now", ErrStartInFuture, s.From)
-	case s.From.kind == posOffset && s.To.kind == posOffset && s.To.offset < s.From.offset,
-		s.From.kind == posTime && s.To.kind == posTime && s.To.time.Before(s.From.time):
+	case s.From.kind == PositionOffset && s.To.kind == PositionOffset && s.To.offset < s.From.offset,
+		s.From.kind == PositionTime && s.To.kind == PositionTime && s.To.time.Before(s.From.time):
 		return s, fmt.Errorf("%w: From %s, To %s", ErrEndBeforeStart, s.From, s.To)
 	}
 	return s, nil

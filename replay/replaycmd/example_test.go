@@ -49,15 +49,24 @@ func ExampleMain() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c := newConsumer(pool)
-	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "replay" {
-		err = replaycmd.Main(ctx, c, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
-	} else {
-		err = stream.Run(ctx, c)
-	}
+	s := newConsumer(pool)
+	err = run(ctx, s, os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 	}
 	os.Exit(replaycmd.ExitCode(err))
+}
+
+// run runs the worker or the replay subcommand.
+func run(ctx context.Context, s *stream.Consumer, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: want worker or replay", replaycmd.ErrUsage)
+	}
+	switch args[0] {
+	case "worker":
+		return stream.Run(ctx, s)
+	case "replay":
+		return replaycmd.Main(ctx, s, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
+	}
+	return fmt.Errorf("%w: unknown command %q", replaycmd.ErrUsage, args[0])
 }

@@ -1,7 +1,3 @@
-// Package replaycmd is the "replay" subcommand a worker binary adds beside
-// its worker: it parses the command line into replay.Options, runs the
-// replay with the worker's stream consumer, prints a summary, and maps the
-// outcome to an exit code (ExitCode).
 package replaycmd
 
 import (

@@ -1,4 +1,10 @@
-package engine
+// Package sqltext reads what the runtime's handler guard needs from a
+// statement's text, without parsing SQL: whether it controls the
+// transaction (ControlWord), whether it writes rows (IsWrite), and the row
+// a write names as far as its text and arguments name it (RowKey). Its
+// functions are pure and allocate little; they run on every statement a
+// handler sends.
+package sqltext
 
 import (
 	"encoding/binary"
@@ -9,14 +15,10 @@ import (
 	"time"
 )
 
-// What the handler guard reads of a statement's text: whether it controls
-// the transaction (transactionControl), whether it writes (isWrite), and the
-// row it writes, as far as its text and arguments name it (rowKey).
-
 var keySeed = maphash.MakeSeed()
 
-// rowKey names the row a write statement with args writes.
-func rowKey(sql string, args []any) uint64 {
+// RowKey names the row a write statement with args writes.
+func RowKey(sql string, args []any) uint64 {
 	var h maphash.Hash
 	h.SetSeed(keySeed)
 	h.WriteString(sql)
@@ -51,8 +53,8 @@ func rowKey(sql string, args []any) uint64 {
 	return h.Sum64()
 }
 
-// isWrite reports whether sql starts with a statement that writes rows.
-func isWrite(sql string) bool {
+// IsWrite reports whether sql starts with a statement that writes rows.
+func IsWrite(sql string) bool {
 	w := firstWord(sql)
 	return w == "UPDATE" || w == "INSERT" || w == "DELETE" || w == "MERGE"
 }
@@ -88,11 +90,11 @@ var controlWords = map[string]bool{
 	"ABORT": true, "SAVEPOINT": true, "RELEASE": true,
 }
 
-// transactionControl reports whether any statement in sql is transaction
+// ControlWord reports whether any statement in sql is transaction
 // control, and its first word. It skips comments, string literals, quoted
 // identifiers and dollar-quoted bodies, so that `DO $$ BEGIN … END $$` and
 // `SELECT 'commit'` pass.
-func transactionControl(sql string) (string, bool) {
+func ControlWord(sql string) (string, bool) {
 	start := true // at the start of a statement
 	for i := 0; i < len(sql); {
 		c := sql[i]

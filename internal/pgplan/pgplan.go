@@ -1,4 +1,6 @@
-package store
+// Package pgplan has PostgreSQL plan each execution of the statements that
+// find rows by an array of keys (see PlannedNow).
+package pgplan
 
 import "github.com/jackc/pgx/v5"
 
