@@ -124,7 +124,9 @@ func validScope(s string) bool {
 // fingerprint is the request's identity for conflict detection: method, route
 // template, path, query, tenant, caller, operation and body. A JSON body is
 // canonicalised first (key order, whitespace and number spelling do not
-// count); any other body is taken byte for byte. Headers never count.
+// count); any other body, and JSON that has no canonical form (keys that
+// differ only in case, which Go decodes by their order), is taken byte for
+// byte. Headers never count.
 //
 // The concrete path and query are included next to the template because
 // path parameters are part of what is asked for: the same key and body sent
