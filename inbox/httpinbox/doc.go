@@ -62,7 +62,9 @@
 // taken from authentication, never from a value the client picks. New
 // refuses a Config with neither (ErrNoScope) unless Config.SharedScope says
 // explicitly that every caller shares one key space, which is only right for
-// a single-tenant internal service.
+// a single-tenant internal service. A request whose tenant and caller are
+// both empty (an anonymous request) is answered 401 CodeScopeRequired unless
+// SharedScope is set: anonymous callers must not share one key space either.
 //
 // # Identity
 //

@@ -244,7 +244,7 @@ func TestKeyIDIsDerivedFromTheScope(t *testing.T) {
 	require.Equal(t, http.StatusCreated, post(h, "k1", `{"amount": 1}`, "X-Tenant-ID", "acme").Code)
 	var got string
 	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT key_id FROM `+f.payments).Scan(&got))
-	require.Equal(t, httpinbox.KeyID("acme", "", "payments.create", "k1"), got)
+	require.Equal(t, httpinbox.KeyID("acme", "test-client", "payments.create", "k1"), got)
 	require.NotEqual(t, httpinbox.KeyID("acme", "", "payments.create", "k1"), httpinbox.KeyID("acm", "e", "payments.create", "k1"))
 }
 

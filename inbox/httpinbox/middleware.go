@@ -154,11 +154,8 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, CodeInvalidKey, err.Error(), 0)
 		return
 	}
-	tenant, caller := m.cfg.Tenant(r), m.cfg.Caller(r)
-	if !validScope(tenant) || !validScope(caller) {
-		decide(r.Context(), "rejected", nil)
-		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
-			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
+	tenant, caller, ok := e.scope(w, r)
+	if !ok {
 		return
 	}
 	body, ok := e.readBody(w, r)
@@ -179,6 +176,27 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		template = r.Pattern
 	}
 	e.answer(w, r, c, fingerprint(r, template, tenant, caller, e.route.Operation, body))
+}
+
+// scope returns the tenant and caller of r, or answers and returns false
+// when they cannot own a key: invalid text, or both empty (an anonymous
+// request) unless the Config shares one key space on purpose.
+func (e *endpoint) scope(w http.ResponseWriter, r *http.Request) (tenant, caller string, ok bool) {
+	m := e.m
+	tenant, caller = m.cfg.Tenant(r), m.cfg.Caller(r)
+	switch {
+	case !validScope(tenant) || !validScope(caller):
+		decide(r.Context(), "rejected", nil)
+		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
+			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
+		return "", "", false
+	case tenant == "" && caller == "" && !m.cfg.SharedScope:
+		decide(r.Context(), "rejected", nil)
+		writeProblem(w, http.StatusUnauthorized, CodeScopeRequired,
+			"an Idempotency-Key belongs to an authenticated tenant or caller; this request has neither", 0)
+		return "", "", false
+	}
+	return tenant, caller, true
 }
 
 // answer claims c for the request with fingerprint fp and answers: it runs

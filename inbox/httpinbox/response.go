@@ -31,6 +31,11 @@ const (
 	CodeValidationFailed = "VALIDATION_FAILED"
 	CodeInternal         = "INTERNAL_ERROR"
 	CodeOutcomeUnknown   = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+
+	// CodeScopeRequired (401) answers a request with a key whose Tenant and
+	// Caller are both empty: an anonymous request cannot own a key, or every
+	// anonymous caller would receive the others' stored responses.
+	CodeScopeRequired = "IDEMPOTENCY_SCOPE_REQUIRED"
 )
 
 // Response is what a handler answers. The middleware stores it with the
