@@ -49,7 +49,7 @@
 //
 // inbox and inbox_horizons (package inbox), dead_letters and attempts
 // (package consumer), ledger and ledger_audit (package ledger), http_keys
-// (package inbox/httpinbox), checkpoints (package consumer/stream),
+// and http_keys_audit (package inbox/httpinbox), checkpoints (package consumer/stream),
 // replay_runs and replay_audit (package replay), and migrations itself.
 // Package retention keeps them from growing forever.
 package migrate
