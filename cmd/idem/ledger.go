@@ -40,7 +40,7 @@ func parseWithID(e *env, fs *flag.FlagSet, args []string) (string, error) {
 		return "", err
 	}
 	if fs.NArg() == 0 {
-		return "", fmt.Errorf("%w: missing effect ID", errUsage)
+		return "", fmt.Errorf("%w: missing ID", errUsage)
 	}
 	id := fs.Arg(0)
 	if err := fs.Parse(fs.Args()[1:]); err != nil {
