@@ -91,6 +91,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
+	ages := newKeySQL(cfg.Tables).ages
+	if err := met.observeAges(func(ctx context.Context) (time.Duration, time.Duration, error) {
+		return keyAges(ctx, pool, ages)
+	}); err != nil {
+		return nil, err
+	}
 	m := &Middleware{
 		pool:    pool,
 		cfg:     cfg,
