@@ -19,6 +19,7 @@ var configs = []struct{ dir, pkg, typ string }{
 	{"inbox", "inbox", "CleanupOptions"},
 	{"inbox/httpinbox", "httpinbox", "Config"},
 	{"inbox/httpinbox", "httpinbox", "Route"},
+	{"inbox/httpinbox", "httpinbox", "Webhook"},
 	{"ledger", "ledger", "Config"},
 	{"ledger", "ledger", "DispatcherConfig"},
 	{"ledger", "ledger", "HTTPExecutor"},

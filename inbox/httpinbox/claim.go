@@ -163,7 +163,7 @@ func (m *Middleware) claim(ctx context.Context, c *Claim, fp idem.Hash) (outcome
 			err error
 		)
 		args := []any{c.id[:], c.tenant, c.caller, c.operation, c.key, fp[:], c.owner,
-			m.cfg.Lease.Microseconds(), m.cfg.Expiry.Microseconds()}
+			m.cfg.Lease.Microseconds(), c.expiry.Microseconds()}
 		if m.cfg.NewKeysPerMinute > 0 {
 			tag, err = m.pool.Exec(ctx, m.sql.claimLimited, append(args, m.cfg.NewKeysPerMinute)...)
 		} else {

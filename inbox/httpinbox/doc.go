@@ -66,6 +66,19 @@
 // both empty (an anonymous request) is answered 401 CodeScopeRequired unless
 // SharedScope is set: anonymous callers must not share one key space either.
 //
+// # Webhooks
+//
+// Webhook serves a provider's signed events with the same record and the
+// same guarantees, keyed by (provider, tenant, event id): a Verifier
+// (TimestampedHMAC for the "t=…,v1=…" scheme of Stripe-style providers,
+// GitHub for X-Hub-Signature-256, BodyHMAC for an HMAC-SHA256 of the body)
+// checks the signature in constant time, and a bad, missing or stale one is
+// answered 401 before anything else is read: nothing is stored or run. Only
+// then is the event id taken (EventIDField, EventIDHeader), and the handler
+// runs once per event in the transaction that records it; redeliveries get
+// the stored answer. Webhook.Expiry keeps event ids for the provider's retry
+// horizon.
+//
 // # Identity
 //
 // The handler's effect identity must come from the record, not from the

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
@@ -26,7 +27,8 @@ type Claim struct {
 	caller    string
 	operation string
 	key       string
-	owner     [16]byte // lease owner token of this attempt
+	owner     [16]byte      // lease owner token of this attempt
+	expiry    time.Duration // how long the record is kept
 }
 
 // KeyID returns the stable id of the key's scope: KeyID(tenant, caller,
@@ -102,18 +104,28 @@ func parseKey(h http.Header, max int) (string, error) {
 	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
 		k = k[1 : len(k)-1]
 	}
+	if err := checkKey(k, max); err != nil {
+		return "", fmt.Errorf("%w: %w", errBadKey, err)
+	}
+	return k, nil
+}
+
+// checkKey accepts 1 to max bytes of visible ASCII (0x21–0x7E) other than
+// '"' and '\\': the rule for every key idem stores (idempotency keys, webhook
+// event ids, bulk item keys).
+func checkKey(k string, max int) error {
 	if k == "" {
-		return "", fmt.Errorf("%w: empty", errBadKey)
+		return errors.New("empty")
 	}
 	if len(k) > max {
-		return "", fmt.Errorf("%w: longer than %d bytes", errBadKey, max)
+		return fmt.Errorf("longer than %d bytes", max)
 	}
 	for i := 0; i < len(k); i++ {
 		if c := k[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-			return "", fmt.Errorf("%w: byte %#02x at %d is not visible ASCII", errBadKey, c, i)
+			return fmt.Errorf("byte %#02x at %d is not visible ASCII", c, i)
 		}
 	}
-	return k, nil
+	return nil
 }
 
 // validScope reports whether a tenant or caller can be stored as text.

@@ -32,6 +32,8 @@ type metrics struct {
 	inProgress metric.Int64Counter // requests answered 409
 	expired    metric.Int64Counter // records removed because they expired
 	unknown    metric.Int64Counter // outcomes the server cannot prove
+
+	signatureRejected metric.Int64Counter // webhooks refused for their signature, by reason
 }
 
 func newMetrics(mp metric.MeterProvider) (metrics, error) {
@@ -54,6 +56,8 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	m.inProgress = counter("idem.http_keys.in_progress", "Requests answered 409 because their key was in progress.")
 	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired.")
 	m.unknown = counter("idem.http_keys.unknown", "Requests whose outcome the server cannot prove.")
+	m.signatureRejected = counter("idem.webhooks.rejected",
+		"Webhook requests refused (401) because their signature was missing, invalid or stale, by reason.")
 	gauge := func(name, desc string) metric.Float64ObservableGauge {
 		g, err := meter.Float64ObservableGauge(name, metric.WithDescription(desc), metric.WithUnit("s"))
 		errs = append(errs, err)
@@ -102,4 +106,9 @@ func (m metrics) observeAges(ages func(context.Context) (inProgress, unknown tim
 // opt is the attribute set of operation.
 func (metrics) opt(operation string) metric.AddOption {
 	return metric.WithAttributes(attribute.String("operation", operation))
+}
+
+// reasonOpt is the attribute set of operation and a refusal's reason.
+func (metrics) reasonOpt(operation, reason string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("operation", operation), attribute.String("reason", reason))
 }

@@ -119,13 +119,17 @@ func (m *Middleware) Handle(route Route, h Handler) http.Handler {
 	if route.Operation == "" || !utf8.ValidString(route.Operation) || h == nil {
 		panic(fmt.Sprintf("httpinbox: Handle needs a valid Operation and a handler, got %q", route.Operation))
 	}
-	return &endpoint{m: m, route: route, h: h}
+	return &endpoint{m: m, route: route, h: h, expiry: m.cfg.Expiry}
 }
 
+// endpoint is one route behind the middleware: an Idempotency-Key route, or
+// a webhook (webhook set) whose key is the verified event id.
 type endpoint struct {
-	m     *Middleware
-	route Route
-	h     Handler
+	m       *Middleware
+	route   Route
+	h       Handler
+	expiry  time.Duration // of the route's records
+	webhook *Webhook
 }
 
 // detachedTimeout bounds the work that runs after the request context may be
@@ -141,6 +145,10 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // serve decides what to do with the request's key and does it.
 func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
+	if e.webhook != nil {
+		e.serveWebhook(w, r)
+		return
+	}
 	m := e.m
 	key, err := parseKey(r.Header, m.cfg.MaxKeyLength)
 	switch {
@@ -168,6 +176,12 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	e.claimAndAnswer(w, r, tenant, caller, key, body)
+}
+
+// claimAndAnswer runs the request with body (already read) under the key of
+// (tenant, caller, the route's operation, key).
+func (e *endpoint) claimAndAnswer(w http.ResponseWriter, r *http.Request, tenant, caller, key string, body []byte) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	c := &Claim{
 		id:        scopeID(tenant, caller, e.route.Operation, key),
@@ -175,6 +189,7 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		caller:    caller,
 		operation: e.route.Operation,
 		key:       key,
+		expiry:    e.expiry,
 	}
 	_, _ = rand.Read(c.owner[:]) // crypto/rand.Read never fails
 	template := e.route.Template
