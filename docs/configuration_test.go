@@ -20,6 +20,7 @@ var configs = []struct{ dir, pkg, typ string }{
 	{"inbox/httpinbox", "httpinbox", "Config"},
 	{"inbox/httpinbox", "httpinbox", "Route"},
 	{"inbox/httpinbox", "httpinbox", "Webhook"},
+	{"inbox/httpinbox", "httpinbox", "Bulk"},
 	{"ledger", "ledger", "Config"},
 	{"ledger", "ledger", "DispatcherConfig"},
 	{"ledger", "ledger", "HTTPExecutor"},

@@ -79,6 +79,17 @@
 // the stored answer. Webhook.Expiry keeps event ids for the provider's retry
 // horizon.
 //
+// # Bulk commands
+//
+// Bulk serves a request with many items: an Idempotency-Key for the
+// operation and an "itemKey" per item, {"items":[…]} in, one result per
+// item out (200, or 207 when some were rejected or failed). The operation,
+// its items' records and their writes commit in one transaction, each item
+// under a savepoint. The same operation key with the same body replays the
+// same bytes; an item key accepted under another operation is answered
+// already_accepted with its original result and never runs twice, so a new
+// operation carrying only the refused items retries just those.
+//
 // # Identity
 //
 // The handler's effect identity must come from the record, not from the

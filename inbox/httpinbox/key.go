@@ -154,6 +154,13 @@ func fingerprint(r *http.Request, template, tenant, caller, operation string, bo
 	for _, s := range []string{r.Method, template, r.URL.EscapedPath(), query, tenant, caller, operation} {
 		writeField(h, s)
 	}
+	writeBody(h, body)
+	return idem.Hash(h.Sum(nil))
+}
+
+// writeBody writes a body to a fingerprint: canonical JSON when it has a
+// canonical form, else its bytes, each tagged so the two never collide.
+func writeBody(h hash.Hash, body []byte) {
 	switch c, err := idem.CanonicalJSON(body); {
 	case len(body) == 0:
 		writeField(h, "empty")
@@ -164,5 +171,4 @@ func fingerprint(r *http.Request, template, tenant, caller, operation string, bo
 		writeField(h, "raw")
 		writeField(h, string(body))
 	}
-	return idem.Hash(h.Sum(nil))
 }

@@ -34,6 +34,7 @@ type metrics struct {
 	unknown    metric.Int64Counter // outcomes the server cannot prove
 
 	signatureRejected metric.Int64Counter // webhooks refused for their signature, by reason
+	bulkItems         metric.Int64Counter // bulk items answered, by item operation and status
 }
 
 func newMetrics(mp metric.MeterProvider) (metrics, error) {
@@ -56,6 +57,8 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	m.inProgress = counter("idem.http_keys.in_progress", "Requests answered 409 because their key was in progress.")
 	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired.")
 	m.unknown = counter("idem.http_keys.unknown", "Requests whose outcome the server cannot prove.")
+	m.bulkItems = counter("idem.bulk.items",
+		"Items of bulk requests answered, by item operation and status (accepted, already_accepted, rejected, failed).")
 	m.signatureRejected = counter("idem.webhooks.rejected",
 		"Webhook requests refused (401) because their signature was missing, invalid or stale, by reason.")
 	gauge := func(name, desc string) metric.Float64ObservableGauge {
@@ -106,6 +109,11 @@ func (m metrics) observeAges(ages func(context.Context) (inProgress, unknown tim
 // opt is the attribute set of operation.
 func (metrics) opt(operation string) metric.AddOption {
 	return metric.WithAttributes(attribute.String("operation", operation))
+}
+
+// statusOpt is the attribute set of an item operation and an item status.
+func (metrics) statusOpt(operation, status string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("operation", operation), attribute.String("status", status))
 }
 
 // reasonOpt is the attribute set of operation and a refusal's reason.

@@ -117,6 +117,20 @@ func (e *rejection) Error() string {
 
 func (e *rejection) Unwrap() error { return e.err }
 
+// problem returns the rejection as a problem object, for the result of a
+// bulk item: its own response when that is one, else a VALIDATION_FAILED
+// problem with its status.
+func (e *rejection) problem() Response {
+	if e.resp.Header.Get("Content-Type") == "application/problem+json" && json.Valid(e.resp.Body) {
+		return e.resp
+	}
+	status := e.resp.Status
+	if status < 400 || status > 499 {
+		status = http.StatusBadRequest
+	}
+	return Problem(status, CodeValidationFailed, e.Error())
+}
+
 // Invalid wraps a validation error. A handler that returns it has its
 // transaction rolled back and the key released (deleted), so the client may
 // fix the request and retry with the same key; the client receives a 400
