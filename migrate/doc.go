@@ -48,8 +48,9 @@
 // # The tables
 //
 // inbox and inbox_horizons (package inbox), dead_letters and attempts
-// (package consumer), ledger and ledger_audit (package ledger), http_keys
-// and http_keys_audit (package inbox/httpinbox), checkpoints (package consumer/stream),
-// replay_runs and replay_audit (package replay), and migrations itself.
+// (package consumer), ledger and ledger_audit (package ledger), http_keys,
+// http_keys_audit and http_operations (package inbox/httpinbox),
+// checkpoints (package consumer/stream), replay_runs and replay_audit
+// (package replay), and migrations itself.
 // Package retention keeps them from growing forever.
 package migrate

@@ -90,6 +90,16 @@
 // already_accepted with its original result and never runs twice, so a new
 // operation carrying only the refused items retries just those.
 //
+// # Long-running operations
+//
+// Accept records, in the handler's transaction, an operation that a worker
+// carries out later, and answers 202 with Location and Retry-After;
+// OperationStatus serves its status document, which moves accepted →
+// running → succeeded | failed | unknown, survives restarts, and is shown
+// only to the tenant and caller that accepted it. A worker moves it with
+// Operations.Start and Operations.Finish, or the operation follows a ledger
+// effect (Accepted.Follows) and moves with the effect's outcome.
+//
 // # Identity
 //
 // The handler's effect identity must come from the record, not from the

@@ -75,6 +75,7 @@ type Middleware struct {
 	metrics metrics
 	tracer  trace.Tracer
 	log     *slog.Logger
+	ops     *Operations
 }
 
 // New returns a Middleware that keeps its records in pool, in the http_keys
@@ -97,7 +98,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	}); err != nil {
 		return nil, err
 	}
+	ops, err := NewOperations(pool, cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
 	m := &Middleware{
+		ops:     ops,
 		pool:    pool,
 		cfg:     cfg,
 		sql:     newStatements(cfg.Tables),
@@ -122,14 +128,16 @@ func (m *Middleware) Handle(route Route, h Handler) http.Handler {
 	return &endpoint{m: m, route: route, h: h, expiry: m.cfg.Expiry}
 }
 
-// endpoint is one route behind the middleware: an Idempotency-Key route, or
-// a webhook (webhook set) whose key is the verified event id.
+// endpoint is one route behind the middleware: an Idempotency-Key route, a
+// webhook (webhook set) whose key is the verified event id, or the status of
+// operations (status set).
 type endpoint struct {
 	m       *Middleware
 	route   Route
 	h       Handler
 	expiry  time.Duration // of the route's records
 	webhook *Webhook
+	status  bool
 }
 
 // detachedTimeout bounds the work that runs after the request context may be
@@ -145,8 +153,12 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // serve decides what to do with the request's key and does it.
 func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
-	if e.webhook != nil {
+	switch {
+	case e.webhook != nil:
 		e.serveWebhook(w, r)
+		return
+	case e.status:
+		e.serveStatus(w, r)
 		return
 	}
 	m := e.m
