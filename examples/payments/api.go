@@ -75,20 +75,6 @@ type api struct {
 	log          *slog.Logger
 }
 
-// createAPICapturesSQL is the API's business table: one row per accepted
-// capture request, written in the same transaction as the key's record and
-// the outbox entry.
-const createAPICapturesSQL = `CREATE TABLE IF NOT EXISTS %s (
-	capture_request_id text        PRIMARY KEY,
-	tenant             text        NOT NULL,
-	caller             text        NOT NULL,
-	idempotency_key    text        NOT NULL,
-	order_id           text        NOT NULL,
-	amount             bigint      NOT NULL CHECK (amount > 0),
-	currency           text        NOT NULL,
-	created_at         timestamptz NOT NULL DEFAULT now()
-)`
-
 const insertAPICaptureSQL = `INSERT INTO %s
 	(capture_request_id, tenant, caller, idempotency_key, order_id, amount, currency)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
@@ -126,8 +112,8 @@ func tenantFromHeader(r *http.Request) string { return r.Header.Get(tenantHeader
 // callerFromHeader: see tenantFromHeader.
 func callerFromHeader(r *http.Request) string { return r.Header.Get(callerHeader) }
 
-// newAPI creates the api_captures table and returns the API for cfg.
-func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
+// newAPI returns the API for cfg; its tables exist (createTables).
+func newAPI(cfg apiConfig) (*api, error) {
 	if cfg.queue == "" {
 		return nil, errors.New("api: a queue is required")
 	}
@@ -136,9 +122,6 @@ func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
 	}
 	if cfg.cleanupEvery <= 0 {
 		cfg.cleanupEvery = time.Minute
-	}
-	if _, err := cfg.pool.Exec(ctx, fmt.Sprintf(createAPICapturesSQL, apiCapturesTable(cfg.tables))); err != nil {
-		return nil, fmt.Errorf("api: create api_captures table: %w", err)
 	}
 	keys, err := httpinbox.New(cfg.pool, httpinbox.Config{
 		Caller: callerFromHeader,
@@ -421,7 +404,7 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	a, err := newAPI(ctx, apiConfig{
+	a, err := newAPI(apiConfig{
 		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
 		wait: *wait, lease: *lease, expiry: *expiry, logger: log,
 	})

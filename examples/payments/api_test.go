@@ -43,7 +43,7 @@ type apiEnv struct {
 func newAPIEnv(t *testing.T, tune func(*apiConfig)) *apiEnv {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(context.Background(), pool, tables))
+	require.NoError(t, createTables(context.Background(), pool, tables))
 	queue := testbroker.Queue(t)
 	_, err := testbroker.Channel(t).QueueDeclare(queue, true, false, false, false, nil)
 	require.NoError(t, err)
@@ -60,7 +60,7 @@ func startAPI(t *testing.T, pool *pgxpool.Pool, tables idem.Tables, queue string
 	if tune != nil {
 		tune(&cfg)
 	}
-	a, err := newAPI(context.Background(), cfg)
+	a, err := newAPI(cfg)
 	require.NoError(t, err)
 	l, err := ledger.New(ledger.Config{Pool: pool, Tables: tables})
 	require.NoError(t, err)
@@ -535,7 +535,7 @@ func TestInvalidBodyIsRefusedAndTheKeyStaysUsable(t *testing.T) {
 func TestDemoOverHTTPChargesEachAcceptedKeyOnce(t *testing.T) {
 	t.Parallel()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(context.Background(), pool, tables))
+	require.NoError(t, createTables(context.Background(), pool, tables))
 	var out bytes.Buffer
 	err := demo(context.Background(), demoConfig{
 		pool: pool, tables: tables,

@@ -119,7 +119,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		},
 	}
 	if cfg.http.n > 0 {
-		a, err := newAPI(ctx, apiConfig{
+		a, err := newAPI(apiConfig{
 			pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
 			wait: 5 * time.Second, logger: cfg.workerLog,
 			tuneDispatcher: func(d *ledger.DispatcherConfig) { d.PollInterval = 200 * time.Millisecond },

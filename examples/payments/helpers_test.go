@@ -42,7 +42,7 @@ func newEnv(t *testing.T, f faults, client *http.Client, tune func(*ledger.Dispa
 	t.Helper()
 	ctx := context.Background()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(ctx, pool, tables))
+	require.NoError(t, createTables(ctx, pool, tables))
 	e := &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t),
 		gateway: newGateway(f, testLogger()), traceparents: make(chan string, 1000)}
 	gw := e.gateway.handler()
