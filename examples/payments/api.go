@@ -22,9 +22,11 @@ import (
 )
 
 // The HTTP edge of the payments example: POST /captures takes a capture
-// request with an Idempotency-Key, answers 202 with its captureRequestId, and
-// in the same transaction records the message for the worker in the ledger's
-// outbox. One key, one captureRequestId, one message, one charge.
+// request with an Idempotency-Key, answers 202 with where to follow it
+// (GET /captures/{captureRequestId}), and in the same transaction records
+// the message for the worker in the ledger's outbox and the long-running
+// operation the client polls. One key, one captureRequestId, one message,
+// one charge.
 const (
 	// apiOperation scopes the keys of POST /captures.
 	apiOperation = "captures.create"
@@ -38,8 +40,6 @@ const (
 	// example. See callerFromHeader.
 	tenantHeader = "X-Tenant-ID"
 	callerHeader = "X-Caller-ID"
-	// maxCaptureRequestID bounds the {id} of GET /captures/{id}.
-	maxCaptureRequestID = 64
 )
 
 // apiConfig says where the API keeps its records and where it publishes.
@@ -71,7 +71,6 @@ type api struct {
 	cleanupEvery time.Duration
 	insert       string // api_captures insert
 	stored       string // api_captures row of a captureRequestId
-	status       string // GET /captures/{id}
 	log          *slog.Logger
 }
 
@@ -81,17 +80,6 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (capture_request_id) DO NOTHING`
 
 const storedAPICaptureSQL = `SELECT order_id, amount, currency FROM %s WHERE capture_request_id = $1`
-
-// captureStatusSQL reads what became of a capture request: its outbox
-// message ($4 is its effect id), the worker's payment row and the worker's
-// capture effect ($5). The worker must use the same schema.
-const captureStatusSQL = `SELECT c.order_id, c.amount, c.currency,
-	coalesce(pub.status, ''), p.capture_request_id IS NOT NULL, coalesce(cap.status, '')
-FROM %[1]s c
-LEFT JOIN %[2]s pub ON pub.effect_id = $4
-LEFT JOIN %[3]s p ON p.capture_request_id = c.capture_request_id
-LEFT JOIN %[2]s cap ON cap.effect_id = $5
-WHERE c.capture_request_id = $1 AND c.tenant = $2 AND c.caller = $3`
 
 // apiCapturesTable is the quoted name of the api_captures table.
 func apiCapturesTable(t idem.Tables) string {
@@ -167,16 +155,16 @@ func newAPI(cfg apiConfig) (*api, error) {
 		cleanupEvery: cfg.cleanupEvery,
 		insert:       fmt.Sprintf(insertAPICaptureSQL, captures),
 		stored:       fmt.Sprintf(storedAPICaptureSQL, captures),
-		status:       fmt.Sprintf(captureStatusSQL, captures, cfg.tables.Table("ledger"), paymentsTable(cfg.tables)),
 		log:          cfg.logger,
 	}, nil
 }
 
-// handler routes POST /captures (idempotent) and GET /captures/{id}.
+// handler routes POST /captures (idempotent) and GET /captures/{id}, the
+// status of the capture request as a long-running operation.
 func (a *api) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /captures", a.keys.Handle(httpinbox.Route{Operation: apiOperation}, a.createCapture))
-	mux.HandleFunc("GET /captures/{id}", a.getCapture)
+	mux.Handle("GET /captures/{id}", a.keys.OperationStatus())
 	return mux
 }
 
@@ -185,11 +173,6 @@ type captureCreate struct {
 	OrderID  string `json:"orderId"`
 	Amount   *int64 `json:"amount"`
 	Currency string `json:"currency"`
-}
-
-// captureAccepted is the body of a 202.
-type captureAccepted struct {
-	CaptureRequestID string `json:"captureRequestId"`
 }
 
 // codeCaptureConflict answers a key that, after its record expired, came
@@ -202,14 +185,22 @@ const codeCaptureConflict = "CAPTURE_REQUEST_CONFLICT"
 func captureRequestID(claim *httpinbox.Claim) string { return "cr_" + claim.KeyID()[:24] }
 
 // createCapture is the handler of POST /captures, in the middleware's
-// transaction tx: validate, insert the api_captures row, record the message
-// for the worker in the outbox, answer 202. The key's record and response
-// commit with all of it, or none of it exists.
+// transaction tx: validate, then accept the capture (acceptCapture). The
+// key's record and response commit with all of it, or none of it exists.
 func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
 	c, err := decodeCaptureCreate(r)
 	if err != nil {
 		return httpinbox.Response{}, httpinbox.Invalid(err)
 	}
+	return a.acceptCapture(ctx, tx, c)
+}
+
+// acceptCapture inserts the api_captures row of c, records the message for
+// the worker in the outbox, and accepts the capture as an operation that
+// follows the worker's capture effect: 202 with Location
+// /captures/{captureRequestId}. The captureRequestId comes from the claim
+// in ctx, the request's key (or a bulk item's).
+func (a *api) acceptCapture(ctx context.Context, tx pgx.Tx, c capture) (httpinbox.Response, error) {
 	claim := httpinbox.FromContext(ctx)
 	id := captureRequestID(claim)
 	c.CaptureRequestID = id
@@ -250,13 +241,13 @@ func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (ht
 	if err != nil {
 		return httpinbox.Response{}, fmt.Errorf("api: record capture request %s: %w", id, err)
 	}
-	resp, err := httpinbox.JSON(http.StatusAccepted, captureAccepted{CaptureRequestID: id})
-	if err != nil {
-		return httpinbox.Response{}, err
-	}
-	resp.Header.Set("Location", "/captures/"+id)
-	resp.ResourceID = id
-	return resp, nil
+	return a.keys.Accept(ctx, tx, httpinbox.Accepted{
+		ID: id, Location: "/captures/" + id, Fields: c,
+		// Done when the worker's capture is: running while it waits or is
+		// retried, then succeeded (with the gateway's answer), failed or
+		// unknown.
+		Follows: ledger.EffectID(effectCapture, id),
+	})
 }
 
 // decodeCaptureCreate reads and validates the body of POST /captures: one
@@ -285,63 +276,6 @@ func decodeCaptureCreate(r *http.Request) (capture, error) {
 		return capture{}, fmt.Errorf("currency %q is not an ISO 4217 code", c.Currency)
 	}
 	return capture{OrderID: c.OrderID, Amount: *c.Amount, Currency: c.Currency}, nil
-}
-
-// captureView is the body of GET /captures/{id}.
-type captureView struct {
-	CaptureRequestID string `json:"captureRequestId"`
-	OrderID          string `json:"orderId"`
-	Amount           int64  `json:"amount"`
-	Currency         string `json:"currency"`
-	// Status is accepted (in the outbox), queued (published), capturing
-	// (the worker has it), captured, failed or unknown (the capture's
-	// outcome waits for an operator).
-	Status string `json:"status"`
-}
-
-// getCapture is GET /captures/{id}: the capture request and how far it got,
-// for the tenant and caller that created it; 404 for anyone else.
-func (a *api) getCapture(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if len(id) > maxCaptureRequestID {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
-		return
-	}
-	v := captureView{CaptureRequestID: id}
-	var (
-		published, captured string
-		received            bool
-	)
-	err := a.pool.QueryRow(r.Context(), a.status, id, tenantFromHeader(r), callerFromHeader(r),
-		ledger.EffectID(effectCaptureRequested, id), ledger.EffectID(effectCapture, id)).
-		Scan(&v.OrderID, &v.Amount, &v.Currency, &published, &received, &captured)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
-		return
-	case err != nil:
-		a.log.Error("api: read capture status", "capture_request_id", id, "error", err)
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "cannot read the capture request"})
-		return
-	}
-	switch ledger.Status(captured) {
-	case ledger.StatusSucceeded:
-		v.Status = "captured"
-	case ledger.StatusFailedTerminal:
-		v.Status = "failed"
-	case ledger.StatusUnknown:
-		v.Status = "unknown"
-	default:
-		switch {
-		case captured != "" || received:
-			v.Status = "capturing"
-		case ledger.Status(published) == ledger.StatusSucceeded:
-			v.Status = "queued"
-		default:
-			v.Status = "accepted"
-		}
-	}
-	writeJSON(w, http.StatusOK, v)
 }
 
 // run serves the API on ln and runs its background work until ctx is

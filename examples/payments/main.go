@@ -14,7 +14,10 @@
 //
 // The api subcommand serves POST /captures with a required Idempotency-Key
 // and puts each accepted request on the queue through the ledger's outbox,
-// in the same transaction: one key, one captureRequestId, one charge.
+// in the same transaction: one key, one captureRequestId, one charge. It
+// answers 202 with Location /captures/{captureRequestId}, a long-running
+// operation that follows the worker's capture to succeeded, failed or
+// unknown.
 //
 // A message is JSON with the AMQP message-id and correlation-id set:
 //
