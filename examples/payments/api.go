@@ -159,11 +159,13 @@ func newAPI(cfg apiConfig) (*api, error) {
 	}, nil
 }
 
-// handler routes POST /captures (idempotent) and GET /captures/{id}, the
-// status of the capture request as a long-running operation.
+// handler routes POST /captures (idempotent), POST /captures:bulk (an
+// operation key and a key per item) and GET /captures/{id}, the status of a
+// capture request as a long-running operation.
 func (a *api) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /captures", a.keys.Handle(httpinbox.Route{Operation: apiOperation}, a.createCapture))
+	mux.Handle("POST /captures:bulk", a.keys.Bulk(httpinbox.Bulk{Operation: bulkOperation, MaxItems: maxBulkItems}, a.captureItem))
 	mux.Handle("GET /captures/{id}", a.keys.OperationStatus())
 	return mux
 }
@@ -255,14 +257,28 @@ func (a *api) acceptCapture(ctx context.Context, tx pgx.Tx, c capture) (httpinbo
 // and a three-letter currency. The capture it returns has no id yet.
 func decodeCaptureCreate(r *http.Request) (capture, error) {
 	var c captureCreate
-	dec := json.NewDecoder(r.Body)
+	if err := decodeOne(r.Body, &c); err != nil {
+		return capture{}, err
+	}
+	return c.validate()
+}
+
+// decodeOne reads one JSON object with only v's members, and nothing after
+// it, from rd into v.
+func decodeOne(rd io.Reader, v any) error {
+	dec := json.NewDecoder(rd)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return capture{}, fmt.Errorf("body must be a JSON object with orderId, amount and currency: %w", err)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("body must be a JSON object with orderId, amount and currency: %w", err)
 	}
 	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
-		return capture{}, errors.New("body must hold one JSON object and nothing after it")
+		return errors.New("body must hold one JSON object and nothing after it")
 	}
+	return nil
+}
+
+// validate checks the fields of a capture request.
+func (c captureCreate) validate() (capture, error) {
 	if err := checkText("orderId", c.OrderID); err != nil {
 		return capture{}, err
 	}

@@ -17,7 +17,8 @@
 // in the same transaction: one key, one captureRequestId, one charge. It
 // answers 202 with Location /captures/{captureRequestId}, a long-running
 // operation that follows the worker's capture to succeeded, failed or
-// unknown.
+// unknown. POST /captures:bulk takes up to 100 captures at once, with an
+// Idempotency-Key for the operation and an itemKey per capture.
 //
 // A message is JSON with the AMQP message-id and correlation-id set:
 //
