@@ -53,7 +53,10 @@ type apiConfig struct {
 	wait, lease, expiry time.Duration
 	// cleanupEvery is how often expired keys are deleted. Default: 1 minute.
 	cleanupEvery time.Duration
-	logger       *slog.Logger
+	// webhookSecret checks the gateway's webhooks; empty leaves
+	// POST /webhooks/gateway out.
+	webhookSecret []byte
+	logger        *slog.Logger
 	// tuneDispatcher, when set, adjusts the outbox dispatcher's
 	// configuration (tests and the demo shorten its delays).
 	tuneDispatcher func(*ledger.DispatcherConfig)
@@ -71,6 +74,8 @@ type api struct {
 	cleanupEvery time.Duration
 	insert       string // api_captures insert
 	stored       string // api_captures row of a captureRequestId
+	events       *eventReceiver
+	secret       []byte // of the gateway's webhooks; nil: none received
 	log          *slog.Logger
 }
 
@@ -155,15 +160,21 @@ func newAPI(cfg apiConfig) (*api, error) {
 		cleanupEvery: cfg.cleanupEvery,
 		insert:       fmt.Sprintf(insertAPICaptureSQL, captures),
 		stored:       fmt.Sprintf(storedAPICaptureSQL, captures),
+		events:       newEventReceiver(cfg.tables),
+		secret:       cfg.webhookSecret,
 		log:          cfg.logger,
 	}, nil
 }
 
 // handler routes POST /captures (idempotent), POST /captures:bulk (an
-// operation key and a key per item) and GET /captures/{id}, the status of a
-// capture request as a long-running operation.
+// operation key and a key per item), GET /captures/{id}, the status of a
+// capture request as a long-running operation, and POST /webhooks/gateway
+// when it has the webhooks' secret.
 func (a *api) handler() http.Handler {
 	mux := http.NewServeMux()
+	if len(a.secret) > 0 {
+		mux.Handle("POST /webhooks/gateway", a.events.route(a.keys, a.secret))
+	}
 	mux.Handle("POST /captures", a.keys.Handle(httpinbox.Route{Operation: apiOperation}, a.createCapture))
 	mux.Handle("POST /captures:bulk", a.keys.Bulk(httpinbox.Bulk{Operation: bulkOperation, MaxItems: maxBulkItems}, a.captureItem))
 	mux.Handle("GET /captures/{id}", a.keys.OperationStatus())
@@ -340,10 +351,15 @@ func runAPI(ctx context.Context, args []string) error {
 	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
 	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	secret := webhookSecretFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
+	webhooks := webhookSecret(*secret)
+	if len(webhooks) == 0 {
+		log.Warn("api: no -webhook-secret or " + webhookSecretEnv + ": POST /webhooks/gateway is not served")
+	}
 	metrics, err := prommetrics.Serve(*metricsAddr, log)
 	if err != nil {
 		return err
@@ -356,7 +372,7 @@ func runAPI(ctx context.Context, args []string) error {
 	defer pool.Close()
 	a, err := newAPI(apiConfig{
 		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
-		wait: *wait, lease: *lease, expiry: *expiry, logger: log,
+		wait: *wait, lease: *lease, expiry: *expiry, logger: log, webhookSecret: webhooks,
 	})
 	if err != nil {
 		return err

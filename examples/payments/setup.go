@@ -87,7 +87,8 @@ const createAPICapturesSQL = `CREATE TABLE IF NOT EXISTS %s (
 	created_at         timestamptz NOT NULL DEFAULT now()
 )`
 
-// createTables creates the example's tables in tables' schema, in one
+// createTables creates the example's tables (payments, api_captures,
+// gateway_events) in tables' schema, in one
 // transaction under the schema's advisory lock (the one migrate.Up takes):
 // two processes running CREATE TABLE IF NOT EXISTS at once would otherwise
 // race, and one would fail on pg_type's unique index.
@@ -99,6 +100,7 @@ func createTables(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) e
 		for _, ddl := range []string{
 			fmt.Sprintf(createPaymentsSQL, paymentsTable(tables)),
 			fmt.Sprintf(createAPICapturesSQL, apiCapturesTable(tables)),
+			fmt.Sprintf(createGatewayEventsSQL, gatewayEventsTable(tables)),
 		} {
 			if _, err := tx.Exec(ctx, ddl); err != nil {
 				return err

@@ -44,6 +44,6 @@ func TestAPIAndWorkerStartTogetherOnAFreshSchema(t *testing.T) {
 	}
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('payments', 'api_captures')`, schema).Scan(&n))
-	require.Equal(t, 2, n)
+		`SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename IN ('payments', 'api_captures', 'gateway_events')`, schema).Scan(&n))
+	require.Equal(t, 3, n)
 }
