@@ -569,6 +569,7 @@ func TestDemoOverHTTPChargesEachAcceptedKeyOnce(t *testing.T) {
 		pool: pool, tables: tables,
 		publish:        publishConfig{amqpURL: testbroker.URL(), queue: testbroker.Queue(t), n: 20, dup: 0.3, retry: 0.2, bad: true},
 		http:           httpDemoConfig{n: 60, dup: 0.3, retry: 0.3},
+		edge:           edgeDemoConfig{bulkOps: 6, dupRate: 0.3},
 		faults:         faults{FailRate: 0.2, DropAfterChargeRate: 0.2},
 		gatewayTimeout: 10 * time.Second, timeout: 20 * time.Second,
 		logger: testLogger(), workerLog: testLogger(), out: &out,
@@ -576,5 +577,9 @@ func TestDemoOverHTTPChargesEachAcceptedKeyOnce(t *testing.T) {
 	require.NoError(t, err, out.String())
 	require.Contains(t, out.String(), "OK   one captureRequestId per Idempotency-Key (60 keys, 60 accepted, 60 ids, 0 answers naming another id)")
 	require.Contains(t, out.String(), "OK   a key reused with another amount answered 422")
+	require.Contains(t, out.String(), "OK   bulk: each item key accepted once")
+	require.Contains(t, out.String(), "OK   webhooks: one gateway_events row per event")
+	require.Contains(t, out.String(), "OK   webhooks: unsigned, forged and stale deliveries refused 401")
+	require.Contains(t, out.String(), "OK   GET /captures/{id}: every accepted capture request succeeded")
 	require.Contains(t, out.String(), "payments check: OK")
 }
