@@ -220,6 +220,32 @@ func TestCrashMidBulkLosesNoItemAndRunsNoneTwice(t *testing.T) {
 	require.Equal(t, 5, distinct, "one payment per item")
 }
 
+// The database connection dies under the bulk's transaction at its third
+// item: nothing of the operation is kept, the client is told to retry, and
+// the retry runs every item once.
+func TestConnectionLostMidBulkLosesNoItemAndRunsNoneTwice(t *testing.T) {
+	t.Parallel()
+	f := &bulkFixture{fixture: newFixture(t, httpinbox.Config{})}
+	var kill atomic.Bool
+	kill.Store(true)
+	f.h = f.m.Bulk(httpinbox.Bulk{Operation: "payments.bulk"}, func(ctx context.Context, tx pgx.Tx, raw json.RawMessage) (any, error) {
+		if f.runs.Load() == 2 && kill.CompareAndSwap(true, false) {
+			_, _ = tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+		}
+		return f.item(ctx, tx, raw)
+	})
+	body := items("a=1", "b=2", "c=3", "d=4")
+	requireProblem(t, post(f.h, "op-1", body), http.StatusInternalServerError, httpinbox.CodeInternal)
+	require.Zero(t, f.count())
+	require.Equal(t, 1, f.records(), "only the operation's record, released")
+
+	retry := post(f.h, "op-1", body)
+	require.Equal(t, http.StatusOK, retry.Code, retry.Body.String())
+	require.Equal(t, "a:accepted b:accepted c:accepted d:accepted", statuses(results(t, retry)))
+	require.Equal(t, 4, f.count())
+	require.Equal(t, 5, f.records())
+}
+
 func TestConcurrentOperationsSharingItemsRunEachItemOnce(t *testing.T) {
 	t.Parallel()
 	f := newBulkFixture(t, httpinbox.Config{}, httpinbox.Bulk{})
