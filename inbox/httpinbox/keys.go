@@ -64,14 +64,18 @@ var (
 // KeyRecord is one record of the http_keys table, as an operator sees it.
 type KeyRecord struct {
 	// KeyID is KeyID(Tenant, Caller, Operation, Key), the record's id.
-	KeyID     string
+	KeyID string
+	// Tenant, Caller and Operation are the key's scope: for a webhook, the
+	// caller is the provider and the operation "webhook:" + provider.
 	Tenant    string
 	Caller    string
 	Operation string
 	// Key is the idempotency key as the client sent it (for a webhook, the
 	// event id; for a bulk item, the item key).
-	Key         string
-	State       KeyState
+	Key string
+	// State is where the record stands.
+	State KeyState
+	// Fingerprint is the request's (see the package doc).
 	Fingerprint idem.Hash
 	// Attempts counts the requests that ran the handler for this key.
 	Attempts int
@@ -84,7 +88,11 @@ type KeyRecord struct {
 	Header      http.Header
 	Body        []byte
 	BodyOmitted bool
-	ResourceID  string
+	// ResourceID is the stored Response.ResourceID.
+	ResourceID string
+	// CreatedAt is the first request's time, CompletedAt the commit of the
+	// stored response (zero while started), ExpiresAt when the record stops
+	// protecting the key.
 	CreatedAt   time.Time
 	CompletedAt time.Time
 	ExpiresAt   time.Time

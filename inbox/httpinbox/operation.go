@@ -59,7 +59,8 @@ type Operation struct {
 	// Tenant and Caller are the scope of the request that accepted it;
 	// only they can read its status.
 	Tenant, Caller string
-	State          OperationState
+	// State is where it stands.
+	State OperationState
 	// Follows is the ledger effect whose outcome finishes it, if any.
 	Follows string
 	// Location is where its status is read.
@@ -67,10 +68,13 @@ type Operation struct {
 	// Fields are the application's members of the status document (a JSON
 	// object); Result is what it finished with, or nil.
 	Fields, Result json.RawMessage
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	FinishedAt     time.Time
-	ExpiresAt      time.Time
+	// CreatedAt is when it was accepted, UpdatedAt when it last moved,
+	// FinishedAt when it succeeded or failed (zero before), ExpiresAt when
+	// cleanup may delete it once finished.
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	FinishedAt time.Time
+	ExpiresAt  time.Time
 }
 
 // Accepted is what a handler accepts to carry out later: Accept records it.
