@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -21,8 +22,9 @@ const maxExponentDigits = 9
 
 // ErrInvalidJSON is returned (wrapped, with the offset and the reason) when
 // CanonicalJSON cannot canonicalise its input: a syntax error, invalid UTF-8,
-// an unpaired surrogate escape, a duplicate object key, nesting deeper than
-// MaxJSONDepth, or an exponent with more than 9 significant digits.
+// an unpaired surrogate escape, a duplicate object key, two keys of one
+// object that differ only in case, nesting deeper than MaxJSONDepth, or an
+// exponent with more than 9 significant digits.
 var ErrInvalidJSON = errors.New("idem: invalid JSON")
 
 // HashJSON returns the SHA-256 of CanonicalJSON(b): two payloads that differ
@@ -40,6 +42,11 @@ func HashJSON(b []byte) (Hash, error) {
 //
 //   - object keys are sorted by Unicode code point, and a repeated key is an
 //     error (parsers disagree on which value wins, so its meaning is unclear);
+//   - so are two keys of one object that differ only in case ("amt" and
+//     "AMT"): Go's encoding/json fills a struct field from either spelling,
+//     and the one that comes last wins, so {"amt":1,"AMT":2} and
+//     {"AMT":2,"amt":1} decode to different values although they differ
+//     only in key order;
 //   - insignificant whitespace is removed;
 //   - numbers are written in one form (1.0, 1, 1e0 and 10e-1 all become 1;
 //     1e21 becomes 1e+21) that keeps the decimal value digit for digit and
@@ -122,7 +129,8 @@ type jsonMember struct {
 }
 
 // sortMembers orders an object's members by key (byte order of UTF-8 is
-// code point order) and rejects a repeated key.
+// code point order) and rejects a repeated key and keys that differ only in
+// case.
 func sortMembers(ms []jsonMember) error {
 	slices.SortFunc(ms, func(a, b jsonMember) int {
 		if c := strings.Compare(a.key, b.key); c != 0 {
@@ -135,7 +143,49 @@ func sortMembers(ms []jsonMember) error {
 			return &jsonError{off: ms[i].at, msg: fmt.Sprintf("duplicate key %q", ms[i].key)}
 		}
 	}
+	if len(ms) < 2 {
+		return nil
+	}
+	seen := make(map[string]*jsonMember, len(ms))
+	for i := range ms {
+		f := foldKey(ms[i].key)
+		if prev, ok := seen[f]; ok {
+			first, second := prev, &ms[i]
+			if second.at < first.at {
+				first, second = second, first
+			}
+			return &jsonError{off: second.at, msg: fmt.Sprintf("keys %q and %q differ only in case", first.key, second.key)}
+		}
+		seen[f] = &ms[i]
+	}
 	return nil
+}
+
+// foldKey maps every key that Go's encoding/json would match to the same
+// struct field (case-insensitively, as bytes.EqualFold compares) to one
+// string: each character becomes the smallest of its simple case folding
+// orbit (K, k and the Kelvin sign K all become K).
+func foldKey(k string) string {
+	ascii := true
+	for i := 0; i < len(k); i++ {
+		if k[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return strings.ToUpper(k)
+	}
+	var b strings.Builder
+	b.Grow(len(k))
+	for _, r := range k {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 type jsonParser struct {

@@ -123,6 +123,36 @@ func TestCanonicalJSONErrorsSayWhere(t *testing.T) {
 	require.EqualError(t, err, `idem: invalid JSON at offset 4: invalid UTF-8`)
 }
 
+// Go's encoding/json fills a struct field from any spelling of its name, and
+// the last one wins: two documents that differ only in the order of "amt"
+// and "AMT" decode to different values, so they must never canonicalise
+// (and so fingerprint or hash) alike.
+func TestCanonicalJSONRefusesKeysThatDifferOnlyInCase(t *testing.T) {
+	t.Parallel()
+	var a, b struct {
+		Amt int `json:"amt"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(`{"amt":1,"AMT":2}`), &a))
+	require.NoError(t, json.Unmarshal([]byte(`{"AMT":2,"amt":1}`), &b))
+	require.NotEqual(t, a, b, "the premise: Go decodes them differently")
+
+	for _, in := range []string{
+		`{"amt":1,"AMT":2}`, `{"AMT":2,"amt":1}`, `{"a":{"Id":1,"iD":2}}`, `[{"x":1},{"k":1,"\u212a":2}]`,
+		`{"s":1,"\u017f":2}`, `{"Straße":1,"STRASSE":2,"straße":3}`,
+	} {
+		_, err := idem.CanonicalJSON([]byte(in))
+		require.ErrorIs(t, err, idem.ErrInvalidJSON, in)
+	}
+	_, err := idem.CanonicalJSON([]byte(`{"amt":1,"AMT":2}`))
+	require.EqualError(t, err, `idem: invalid JSON at offset 9: keys "amt" and "AMT" differ only in case`)
+
+	// Keys that Go keeps apart stay allowed.
+	for _, in := range []string{`{"amt":1,"amt_":2}`, `{"a-b":1,"a_b":2}`, `{"Straße":1,"STRASSE":2}`, `{"":1,"a":2}`} {
+		_, err := idem.CanonicalJSON([]byte(in))
+		require.NoError(t, err, in)
+	}
+}
+
 // FuzzCanonicalJSON checks that CanonicalJSON never panics, accepts only valid
 // JSON, produces valid JSON that canonicalises to itself, and keeps the
 // meaning of the document (as encoding/json reads it).

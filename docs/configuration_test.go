@@ -20,6 +20,8 @@ var configs = []struct{ dir, pkg, typ string }{
 	{"inbox", "inbox", "CleanupOptions"},
 	{"inbox/httpinbox", "httpinbox", "Config"},
 	{"inbox/httpinbox", "httpinbox", "Route"},
+	{"inbox/httpinbox", "httpinbox", "Webhook"},
+	{"inbox/httpinbox", "httpinbox", "Bulk"},
 	{"ledger", "ledger", "Config"},
 	{"ledger", "ledger", "DispatcherConfig"},
 	{"ledger", "ledger", "HTTPExecutor"},

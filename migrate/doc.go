@@ -47,9 +47,10 @@
 //
 // # The tables
 //
-// inbox, inbox_horizons and inbox_holds (package inbox), dead_letters and attempts
-// (package consumer), ledger and ledger_audit (package ledger), http_keys
-// (package inbox/httpinbox), checkpoints (package consumer/stream),
-// replay_runs and replay_audit (package replay), and migrations itself.
+// inbox, inbox_horizons and inbox_holds (package inbox), dead_letters and
+// attempts (package consumer), ledger and ledger_audit (package ledger),
+// http_keys, http_keys_audit and http_operations (package inbox/httpinbox),
+// checkpoints (package consumer/stream), replay_runs and replay_audit
+// (package replay), and migrations itself.
 // Package retention keeps them from growing forever.
 package migrate

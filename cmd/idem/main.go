@@ -5,6 +5,7 @@
 //	idem migrate [--print-sql]
 //	idem inbox show --consumer C --id ID | stats | cleanup --older-than 168h [--consumer C]
 //	idem ledger list [--status S] | show ID | resolve ID --as succeeded|failed|retry --reason "…" | stats
+//	idem http-keys list [--state S] | show KEY_ID | resolve KEY_ID --as completed|retry --reason "…"
 //	idem deadletters list [--consumer C] [--id ID] [--reason R] | redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N]
 //	idem replay runs [--consumer C]
 //	idem cleanup --older-than 720h [--floor D]

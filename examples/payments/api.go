@@ -16,15 +16,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/prommetrics"
 )
 
 // The HTTP edge of the payments example: POST /captures takes a capture
-// request with an Idempotency-Key, answers 202 with its captureRequestId, and
-// in the same transaction records the message for the worker in the ledger's
-// outbox. One key, one captureRequestId, one message, one charge.
+// request with an Idempotency-Key, answers 202 with where to follow it
+// (GET /captures/{captureRequestId}), and in the same transaction records
+// the message for the worker in the ledger's outbox and the long-running
+// operation the client polls. One key, one captureRequestId, one message,
+// one charge.
 const (
 	// apiOperation scopes the keys of POST /captures.
 	apiOperation = "captures.create"
@@ -38,8 +41,6 @@ const (
 	// example. See callerFromHeader.
 	tenantHeader = "X-Tenant-ID"
 	callerHeader = "X-Caller-ID"
-	// maxCaptureRequestID bounds the {id} of GET /captures/{id}.
-	maxCaptureRequestID = 64
 )
 
 // apiConfig says where the API keeps its records and where it publishes.
@@ -53,7 +54,10 @@ type apiConfig struct {
 	wait, lease, expiry time.Duration
 	// cleanupEvery is how often expired keys are deleted. Default: 1 minute.
 	cleanupEvery time.Duration
-	logger       *slog.Logger
+	// webhookSecret checks the gateway's webhooks; empty leaves
+	// POST /webhooks/gateway out.
+	webhookSecret []byte
+	logger        *slog.Logger
 	// tuneDispatcher, when set, adjusts the outbox dispatcher's
 	// configuration (tests and the demo shorten its delays).
 	tuneDispatcher func(*ledger.DispatcherConfig)
@@ -67,27 +71,15 @@ type api struct {
 	ledger       *ledger.Ledger
 	publisher    *ledger.AMQPExecutor
 	dispatcher   *ledger.Dispatcher
+	database     *health.Database // readiness of the database the requests need
 	queue        string
 	cleanupEvery time.Duration
 	insert       string // api_captures insert
 	stored       string // api_captures row of a captureRequestId
-	status       string // GET /captures/{id}
+	events       *eventReceiver
+	secret       []byte // of the gateway's webhooks; nil: none received
 	log          *slog.Logger
 }
-
-// createAPICapturesSQL is the API's business table: one row per accepted
-// capture request, written in the same transaction as the key's record and
-// the outbox entry.
-const createAPICapturesSQL = `CREATE TABLE IF NOT EXISTS %s (
-	capture_request_id text        PRIMARY KEY,
-	tenant             text        NOT NULL,
-	caller             text        NOT NULL,
-	idempotency_key    text        NOT NULL,
-	order_id           text        NOT NULL,
-	amount             bigint      NOT NULL CHECK (amount > 0),
-	currency           text        NOT NULL,
-	created_at         timestamptz NOT NULL DEFAULT now()
-)`
 
 const insertAPICaptureSQL = `INSERT INTO %s
 	(capture_request_id, tenant, caller, idempotency_key, order_id, amount, currency)
@@ -95,17 +87,6 @@ VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (capture_request_id) DO NOTHING`
 
 const storedAPICaptureSQL = `SELECT order_id, amount, currency FROM %s WHERE capture_request_id = $1`
-
-// captureStatusSQL reads what became of a capture request: its outbox
-// message ($4 is its effect id), the worker's payment row and the worker's
-// capture effect ($5). The worker must use the same schema.
-const captureStatusSQL = `SELECT c.order_id, c.amount, c.currency,
-	coalesce(pub.status, ''), p.capture_request_id IS NOT NULL, coalesce(cap.status, '')
-FROM %[1]s c
-LEFT JOIN %[2]s pub ON pub.effect_id = $4
-LEFT JOIN %[3]s p ON p.capture_request_id = c.capture_request_id
-LEFT JOIN %[2]s cap ON cap.effect_id = $5
-WHERE c.capture_request_id = $1 AND c.tenant = $2 AND c.caller = $3`
 
 // apiCapturesTable is the quoted name of the api_captures table.
 func apiCapturesTable(t idem.Tables) string {
@@ -126,8 +107,8 @@ func tenantFromHeader(r *http.Request) string { return r.Header.Get(tenantHeader
 // callerFromHeader: see tenantFromHeader.
 func callerFromHeader(r *http.Request) string { return r.Header.Get(callerHeader) }
 
-// newAPI creates the api_captures table and returns the API for cfg.
-func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
+// newAPI returns the API for cfg; its tables exist (createTables).
+func newAPI(cfg apiConfig) (*api, error) {
 	if cfg.queue == "" {
 		return nil, errors.New("api: a queue is required")
 	}
@@ -136,9 +117,6 @@ func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
 	}
 	if cfg.cleanupEvery <= 0 {
 		cfg.cleanupEvery = time.Minute
-	}
-	if _, err := cfg.pool.Exec(ctx, fmt.Sprintf(createAPICapturesSQL, apiCapturesTable(cfg.tables))); err != nil {
-		return nil, fmt.Errorf("api: create api_captures table: %w", err)
 	}
 	keys, err := httpinbox.New(cfg.pool, httpinbox.Config{
 		Caller: callerFromHeader,
@@ -180,20 +158,29 @@ func newAPI(ctx context.Context, cfg apiConfig) (*api, error) {
 		ledger:       l,
 		publisher:    pub,
 		dispatcher:   d,
+		database:     health.NewDatabase(cfg.pool, "api database"),
 		queue:        cfg.queue,
 		cleanupEvery: cfg.cleanupEvery,
 		insert:       fmt.Sprintf(insertAPICaptureSQL, captures),
 		stored:       fmt.Sprintf(storedAPICaptureSQL, captures),
-		status:       fmt.Sprintf(captureStatusSQL, captures, cfg.tables.Table("ledger"), paymentsTable(cfg.tables)),
+		events:       newEventReceiver(cfg.tables),
+		secret:       cfg.webhookSecret,
 		log:          cfg.logger,
 	}, nil
 }
 
-// handler routes POST /captures (idempotent) and GET /captures/{id}.
+// handler routes POST /captures (idempotent), POST /captures:bulk (an
+// operation key and a key per item), GET /captures/{id}, the status of a
+// capture request as a long-running operation, and POST /webhooks/gateway
+// when it has the webhooks' secret.
 func (a *api) handler() http.Handler {
 	mux := http.NewServeMux()
+	if len(a.secret) > 0 {
+		mux.Handle("POST /webhooks/gateway", a.events.route(a.keys, a.secret))
+	}
 	mux.Handle("POST /captures", a.keys.Handle(httpinbox.Route{Operation: apiOperation}, a.createCapture))
-	mux.HandleFunc("GET /captures/{id}", a.getCapture)
+	mux.Handle("POST /captures:bulk", a.keys.Bulk(httpinbox.Bulk{Operation: bulkOperation, MaxItems: maxBulkItems}, a.captureItem))
+	mux.Handle("GET /captures/{id}", a.keys.OperationStatus())
 	return mux
 }
 
@@ -202,11 +189,6 @@ type captureCreate struct {
 	OrderID  string `json:"orderId"`
 	Amount   *int64 `json:"amount"`
 	Currency string `json:"currency"`
-}
-
-// captureAccepted is the body of a 202.
-type captureAccepted struct {
-	CaptureRequestID string `json:"captureRequestId"`
 }
 
 // codeCaptureConflict answers a key that, after its record expired, came
@@ -219,14 +201,22 @@ const codeCaptureConflict = "CAPTURE_REQUEST_CONFLICT"
 func captureRequestID(claim *httpinbox.Claim) string { return "cr_" + claim.KeyID()[:24] }
 
 // createCapture is the handler of POST /captures, in the middleware's
-// transaction tx: validate, insert the api_captures row, record the message
-// for the worker in the outbox, answer 202. The key's record and response
-// commit with all of it, or none of it exists.
+// transaction tx: validate, then accept the capture (acceptCapture). The
+// key's record and response commit with all of it, or none of it exists.
 func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
 	c, err := decodeCaptureCreate(r)
 	if err != nil {
 		return httpinbox.Response{}, httpinbox.Invalid(err)
 	}
+	return a.acceptCapture(ctx, tx, c)
+}
+
+// acceptCapture inserts the api_captures row of c, records the message for
+// the worker in the outbox, and accepts the capture as an operation that
+// follows the worker's capture effect: 202 with Location
+// /captures/{captureRequestId}. The captureRequestId comes from the claim
+// in ctx, the request's key (or a bulk item's).
+func (a *api) acceptCapture(ctx context.Context, tx pgx.Tx, c capture) (httpinbox.Response, error) {
 	claim := httpinbox.FromContext(ctx)
 	id := captureRequestID(claim)
 	c.CaptureRequestID = id
@@ -267,13 +257,13 @@ func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (ht
 	if err != nil {
 		return httpinbox.Response{}, fmt.Errorf("api: record capture request %s: %w", id, err)
 	}
-	resp, err := httpinbox.JSON(http.StatusAccepted, captureAccepted{CaptureRequestID: id})
-	if err != nil {
-		return httpinbox.Response{}, err
-	}
-	resp.Header.Set("Location", "/captures/"+id)
-	resp.ResourceID = id
-	return resp, nil
+	return a.keys.Accept(ctx, tx, httpinbox.Accepted{
+		ID: id, Location: "/captures/" + id, Fields: c,
+		// Done when the worker's capture is: running while it waits or is
+		// retried, then succeeded (with the gateway's answer), failed or
+		// unknown.
+		Follows: ledger.EffectID(effectCapture, id),
+	})
 }
 
 // decodeCaptureCreate reads and validates the body of POST /captures: one
@@ -281,14 +271,28 @@ func (a *api) createCapture(ctx context.Context, tx pgx.Tx, r *http.Request) (ht
 // and a three-letter currency. The capture it returns has no id yet.
 func decodeCaptureCreate(r *http.Request) (capture, error) {
 	var c captureCreate
-	dec := json.NewDecoder(r.Body)
+	if err := decodeOne(r.Body, &c); err != nil {
+		return capture{}, err
+	}
+	return c.validate()
+}
+
+// decodeOne reads one JSON object with only v's members, and nothing after
+// it, from rd into v.
+func decodeOne(rd io.Reader, v any) error {
+	dec := json.NewDecoder(rd)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return capture{}, fmt.Errorf("body must be a JSON object with orderId, amount and currency: %w", err)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("body must be a JSON object with orderId, amount and currency: %w", err)
 	}
 	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
-		return capture{}, errors.New("body must hold one JSON object and nothing after it")
+		return errors.New("body must hold one JSON object and nothing after it")
 	}
+	return nil
+}
+
+// validate checks the fields of a capture request.
+func (c captureCreate) validate() (capture, error) {
 	if err := checkText("orderId", c.OrderID); err != nil {
 		return capture{}, err
 	}
@@ -304,63 +308,6 @@ func decodeCaptureCreate(r *http.Request) (capture, error) {
 	return capture{OrderID: c.OrderID, Amount: *c.Amount, Currency: c.Currency}, nil
 }
 
-// captureView is the body of GET /captures/{id}.
-type captureView struct {
-	CaptureRequestID string `json:"captureRequestId"`
-	OrderID          string `json:"orderId"`
-	Amount           int64  `json:"amount"`
-	Currency         string `json:"currency"`
-	// Status is accepted (in the outbox), queued (published), capturing
-	// (the worker has it), captured, failed or unknown (the capture's
-	// outcome waits for an operator).
-	Status string `json:"status"`
-}
-
-// getCapture is GET /captures/{id}: the capture request and how far it got,
-// for the tenant and caller that created it; 404 for anyone else.
-func (a *api) getCapture(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if len(id) > maxCaptureRequestID {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
-		return
-	}
-	v := captureView{CaptureRequestID: id}
-	var (
-		published, captured string
-		received            bool
-	)
-	err := a.pool.QueryRow(r.Context(), a.status, id, tenantFromHeader(r), callerFromHeader(r),
-		ledger.EffectID(effectCaptureRequested, id), ledger.EffectID(effectCapture, id)).
-		Scan(&v.OrderID, &v.Amount, &v.Currency, &published, &received, &captured)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such capture request"})
-		return
-	case err != nil:
-		a.log.Error("api: read capture status", "capture_request_id", id, "error", err)
-		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "cannot read the capture request"})
-		return
-	}
-	switch ledger.Status(captured) {
-	case ledger.StatusSucceeded:
-		v.Status = "captured"
-	case ledger.StatusFailedTerminal:
-		v.Status = "failed"
-	case ledger.StatusUnknown:
-		v.Status = "unknown"
-	default:
-		switch {
-		case captured != "" || received:
-			v.Status = "capturing"
-		case ledger.Status(published) == ledger.StatusSucceeded:
-			v.Status = "queued"
-		default:
-			v.Status = "accepted"
-		}
-	}
-	writeJSON(w, http.StatusOK, v)
-}
-
 // run serves the API on ln and runs its background work until ctx is
 // cancelled or one of them fails; then the server drains its requests, the
 // dispatcher its publishes, and run returns.
@@ -370,12 +317,20 @@ func (a *api) run(ctx context.Context, ln net.Listener) error {
 		a.work)
 }
 
-// work runs the outbox dispatcher and the cleanup of expired keys until ctx
-// is cancelled, then closes the publisher's connection.
+// work runs the outbox dispatcher, the cleanup of expired keys and the
+// database probe until ctx is cancelled, then closes the publisher's
+// connection.
 func (a *api) work(ctx context.Context) error {
 	defer func() { _ = a.publisher.Close() }()
-	return runAll(ctx, a.dispatcher.Run, a.cleanupLoop)
+	return runAll(ctx, a.dispatcher.Run, a.cleanupLoop,
+		func(ctx context.Context) error { a.database.Run(ctx); return nil })
 }
+
+// reporters are what GET /readyz and /healthz of -health-addr ask: the
+// database every request writes to, and the dispatcher that publishes what
+// they accepted. While the database is away, the API is live but not
+// ready: a load balancer stops sending it commands it could only refuse.
+func (a *api) reporters() []health.Reporter { return []health.Reporter{a.database, a.dispatcher} }
 
 // cleanupLoop deletes expired keys every cleanupEvery until ctx is cancelled.
 func (a *api) cleanupLoop(ctx context.Context) error {
@@ -407,10 +362,16 @@ func runAPI(ctx context.Context, args []string) error {
 	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
 	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	healthAddr := fs.String("health-addr", "", "serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8082)")
+	secret := webhookSecretFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
+	webhooks := webhookSecret(*secret)
+	if len(webhooks) == 0 {
+		log.Warn("api: no -webhook-secret or " + webhookSecretEnv + ": POST /webhooks/gateway is not served")
+	}
 	metrics, err := prommetrics.Serve(*metricsAddr, log)
 	if err != nil {
 		return err
@@ -421,9 +382,9 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	a, err := newAPI(ctx, apiConfig{
+	a, err := newAPI(apiConfig{
 		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
-		wait: *wait, lease: *lease, expiry: *expiry, logger: log,
+		wait: *wait, lease: *lease, expiry: *expiry, logger: log, webhookSecret: webhooks,
 	})
 	if err != nil {
 		return err
@@ -433,7 +394,13 @@ func runAPI(ctx context.Context, args []string) error {
 		return fmt.Errorf("api: %w", err)
 	}
 	log.Info("api listening", "addr", ln.Addr().String(), "queue", *queue, "schema", svc.schema)
-	err = a.run(ctx, ln)
+	if *healthAddr != "" {
+		err = runAll(ctx, func(ctx context.Context) error { return a.run(ctx, ln) }, func(ctx context.Context) error {
+			return health.ListenAndServe(ctx, *healthAddr, a.reporters()...)
+		})
+	} else {
+		err = a.run(ctx, ln)
+	}
 	log.Info("api stopped")
 	return err
 }

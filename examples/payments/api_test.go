@@ -20,7 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
+	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/ledger"
@@ -43,7 +45,7 @@ type apiEnv struct {
 func newAPIEnv(t *testing.T, tune func(*apiConfig)) *apiEnv {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(context.Background(), pool, tables))
+	require.NoError(t, createTables(context.Background(), pool, tables))
 	queue := testbroker.Queue(t)
 	_, err := testbroker.Channel(t).QueueDeclare(queue, true, false, false, false, nil)
 	require.NoError(t, err)
@@ -60,7 +62,7 @@ func startAPI(t *testing.T, pool *pgxpool.Pool, tables idem.Tables, queue string
 	if tune != nil {
 		tune(&cfg)
 	}
-	a, err := newAPI(context.Background(), cfg)
+	a, err := newAPI(cfg)
 	require.NoError(t, err)
 	l, err := ledger.New(ledger.Config{Pool: pool, Tables: tables})
 	require.NoError(t, err)
@@ -77,14 +79,34 @@ type reply struct {
 	body   []byte
 }
 
+// captureStatus is the status document of a capture request: a 202's
+// body, and GET /captures/{id}.
+type captureStatus struct {
+	OperationID      string          `json:"operationId"`
+	State            string          `json:"state"`
+	CaptureRequestID string          `json:"captureRequestId"`
+	OrderID          string          `json:"orderId"`
+	Amount           int64           `json:"amount"`
+	Currency         string          `json:"currency"`
+	Result           json.RawMessage `json:"result"`
+}
+
+// doc decodes a status document.
+func (r reply) doc(t *testing.T) captureStatus {
+	t.Helper()
+	var s captureStatus
+	require.NoError(t, json.Unmarshal(r.body, &s), string(r.body))
+	return s
+}
+
 // id returns the captureRequestId of a 202.
 func (r reply) id(t *testing.T) string {
 	t.Helper()
 	require.Equal(t, http.StatusAccepted, r.status, string(r.body))
-	var a captureAccepted
-	require.NoError(t, json.Unmarshal(r.body, &a))
-	require.NotEmpty(t, a.CaptureRequestID)
-	return a.CaptureRequestID
+	s := r.doc(t)
+	require.NotEmpty(t, s.CaptureRequestID)
+	require.Equal(t, s.CaptureRequestID, s.OperationID, "the capture request is the operation")
+	return s.CaptureRequestID
 }
 
 // requireProblem checks that r is a problem with status and code.
@@ -264,8 +286,13 @@ func TestTwentyConcurrentRequestsWithOneKeyChargeOnce(t *testing.T) {
 
 	status := e.get("acme", "alice", id)
 	require.Equal(t, http.StatusOK, status.status, string(status.body))
-	require.JSONEq(t, `{"captureRequestId":"`+id+`","orderId":"o-1","amount":1234,"currency":"EUR","status":"captured"}`,
-		string(status.body))
+	doc := status.doc(t)
+	require.Equal(t, captureStatus{OperationID: id, State: "succeeded", CaptureRequestID: id, OrderID: "o-1", Amount: 1234,
+		Currency: "EUR", Result: doc.Result}, doc)
+	var charge chargeResponse
+	require.NoError(t, json.Unmarshal(doc.Result, &charge), "the gateway's answer is the result")
+	require.Equal(t, chargeResponse{ChargeID: "ch_1", CaptureRequestID: id, Amount: 1234, Currency: "EUR", Status: "captured"}, charge)
+	require.Empty(t, status.header.Get("Retry-After"))
 }
 
 func TestSameKeyWithAnotherAmountIsRefusedAndChangesNothing(t *testing.T) {
@@ -312,7 +339,10 @@ func TestReplayAfterCompletionIsByteIdenticalWithTheReplayHeader(t *testing.T) {
 
 	status := e.get("acme", "alice", id)
 	require.Equal(t, http.StatusOK, status.status)
-	require.Contains(t, string(status.body), `"status":"queued"`, "published; no worker runs in this test")
+	require.Equal(t, "accepted", status.doc(t).State, "published; no worker runs in this test")
+	require.Equal(t, "1", status.header.Get("Retry-After"))
+	require.Equal(t, "1", first.header.Get("Retry-After"))
+	require.Equal(t, first.body, status.body, "the 202's body is the status document")
 }
 
 func TestSameKeyFromAnotherTenantOrCallerIsAnotherCaptureRequest(t *testing.T) {
@@ -535,12 +565,13 @@ func TestInvalidBodyIsRefusedAndTheKeyStaysUsable(t *testing.T) {
 func TestDemoOverHTTPChargesEachAcceptedKeyOnce(t *testing.T) {
 	t.Parallel()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(context.Background(), pool, tables))
+	require.NoError(t, createTables(context.Background(), pool, tables))
 	var out bytes.Buffer
 	err := demo(context.Background(), demoConfig{
 		pool: pool, tables: tables,
 		publish:        publishConfig{amqpURL: testbroker.URL(), queue: testbroker.Queue(t), n: 20, dup: 0.3, retry: 0.2, bad: true},
 		http:           httpDemoConfig{n: 60, dup: 0.3, retry: 0.3},
+		edge:           edgeDemoConfig{bulkOps: 6, dupRate: 0.3},
 		faults:         faults{FailRate: 0.2, DropAfterChargeRate: 0.2},
 		gatewayTimeout: 10 * time.Second, timeout: 20 * time.Second,
 		logger: testLogger(), workerLog: testLogger(), out: &out,
@@ -548,5 +579,46 @@ func TestDemoOverHTTPChargesEachAcceptedKeyOnce(t *testing.T) {
 	require.NoError(t, err, out.String())
 	require.Contains(t, out.String(), "OK   one captureRequestId per Idempotency-Key (60 keys, 60 accepted, 60 ids, 0 answers naming another id)")
 	require.Contains(t, out.String(), "OK   a key reused with another amount answered 422")
+	require.Contains(t, out.String(), "OK   bulk: each item key accepted once")
+	require.Contains(t, out.String(), "OK   webhooks: one gateway_events row per event")
+	require.Contains(t, out.String(), "OK   webhooks: unsigned, forged and stale deliveries refused 401")
+	require.Contains(t, out.String(), "OK   GET /captures/{id}: every accepted capture request succeeded")
 	require.Contains(t, out.String(), "payments check: OK")
+}
+
+// The API's /readyz says 503 within seconds while its database refuses or
+// stops answering, and 200 again once it is back: a load balancer stops
+// sending it commands it could only fail.
+func TestAPIIsNotReadyWithinSecondsWhileTheDatabaseIsAway(t *testing.T) {
+	t.Parallel()
+	for name, fail := range map[string]func(*faultproxy.Proxy){
+		"refused":    (*faultproxy.Proxy).Refuse,
+		"blackholed": (*faultproxy.Proxy).Stall,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool, tables := testdb.Schema(t)
+			require.NoError(t, createTables(context.Background(), pool, tables))
+			queue := testbroker.Queue(t)
+			proxied, proxy := testdb.Proxied(t)
+			e := startAPI(t, proxied, tables, queue, nil)
+			probes := health.Handler(e.api.reporters()...)
+			readyz := func() int {
+				rec := httptest.NewRecorder()
+				probes.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, health.ReadinessPath, nil))
+				return rec.Code
+			}
+			waitWithin(t, 15*time.Second, "ready", func() bool { return readyz() == http.StatusOK })
+
+			fail(proxy)
+			began := time.Now()
+			waitWithin(t, 10*time.Second, "not ready", func() bool { return readyz() == http.StatusServiceUnavailable })
+			t.Logf("not ready %s after the database was %s", time.Since(began).Round(time.Millisecond), name)
+
+			proxy.Resume()
+			waitWithin(t, 30*time.Second, "ready again", func() bool { return readyz() == http.StatusOK })
+			r := e.post("acme", "alice", "k-after", captureJSON("o-after", 100, "EUR"))
+			require.Equal(t, http.StatusAccepted, r.status, string(r.body))
+		})
+	}
 }

@@ -47,7 +47,7 @@ func drainThroughput(b *testing.B, n int, record bool) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	pool, tables := testdb.Schema(b)
-	require.NoError(b, createPaymentsTable(ctx, pool, tables))
+	require.NoError(b, createTables(ctx, pool, tables))
 	queue := testbroker.Queue(b)
 	quiet := slog.New(slog.DiscardHandler)
 	h, err := newCaptureHandler(tables, "http://127.0.0.1:1", quiet)

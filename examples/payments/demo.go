@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -30,8 +31,10 @@ type demoConfig struct {
 	tables  idem.Tables
 	publish publishConfig
 	faults  faults
-	// http says what is sent to the API; http.n == 0 leaves the API out.
+	// http says what is sent to the API; http.n == 0 leaves the API out,
+	// and with it edge: the bulk operations and the gateway's webhooks.
 	http httpDemoConfig
+	edge edgeDemoConfig
 	// gatewayTimeout bounds one gateway call.
 	gatewayTimeout time.Duration
 	// timeout bounds the wait for everything to settle.
@@ -54,12 +57,17 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.IntVar(&hcfg.n, "http-n", 200, "distinct Idempotency-Keys sent to the API")
 	fs.Float64Var(&hcfg.dup, "http-dup", 0.2, "fraction of keys sent three times at once (double clicks)")
 	fs.Float64Var(&hcfg.retry, "http-retry", 0.2, "fraction of keys sent again after their answer (client retries)")
+	ecfg := edgeDemoConfig{}
+	fs.IntVar(&ecfg.bulkOps, "bulk-n", 20, "bulk operations of 5 captures sent to POST /captures:bulk, each overlapping the one before by 2")
+	fs.Float64Var(&ecfg.dupRate, "webhook-dup-rate", 0.3, "fraction of the gateway's webhooks delivered twice at once, and again after their answer")
+	secret := webhookSecretFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if !*withHTTP {
 		hcfg.n = 0
 	}
+	ecfg.secret = webhookSecret(*secret)
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err
@@ -67,7 +75,7 @@ func runDemo(ctx context.Context, args []string) error {
 	defer pool.Close()
 	pub.amqpURL, pub.bad = svc.amqpURL, true
 	return demo(ctx, demoConfig{
-		pool: pool, tables: tables, publish: *pub, faults: *f, http: hcfg,
+		pool: pool, tables: tables, publish: *pub, faults: *f, http: hcfg, edge: ecfg,
 		gatewayTimeout: *gatewayTimeout, timeout: *timeout,
 		logger: newLogger(slog.LevelInfo), workerLog: newLogger(slog.LevelError), out: os.Stdout,
 	})
@@ -119,9 +127,12 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		},
 	}
 	if cfg.http.n > 0 {
-		a, err := newAPI(ctx, apiConfig{
+		if len(cfg.edge.secret) == 0 {
+			cfg.edge.secret = []byte(rand.Text()) // a secret of the run's own
+		}
+		a, err := newAPI(apiConfig{
 			pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
-			wait: 5 * time.Second, logger: cfg.workerLog,
+			wait: 5 * time.Second, logger: cfg.workerLog, webhookSecret: cfg.edge.secret,
 			tuneDispatcher: func(d *ledger.DispatcherConfig) { d.PollInterval = 200 * time.Millisecond },
 		})
 		if err != nil {
@@ -133,7 +144,8 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		}
 		defer apiLn.Close()
 		apiURL = "http://" + apiLn.Addr().String()
-		fns = append(fns, func(ctx context.Context) error { return a.run(ctx, apiLn) })
+		hooks := g.sendWebhooks(webhookConfig{url: apiURL + "/webhooks/gateway", secret: cfg.edge.secret, dupRate: cfg.edge.dupRate})
+		fns = append(fns, func(ctx context.Context) error { return a.run(ctx, apiLn) }, hooks.run)
 	}
 	if err := runAll(ctx, fns...); err != nil {
 		return err
@@ -145,6 +157,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 type demoReport struct {
 	pub       published
 	http      httpReport // zero when the API was left out
+	edge      edgeReport // bulk, webhooks and statuses; zero without the API
 	took      time.Duration
 	consumer  consumer.Stats
 	gateway   gatewayStats
@@ -162,79 +175,122 @@ type demoReport struct {
 func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL, apiURL string) (demoReport, error) {
 	rep := demoReport{dlqName: cfg.publish.queue + ".dlq", deadTable: cfg.tables.Table("dead_letters")}
 	start := time.Now()
+	if err := rep.send(ctx, cfg, apiURL); err != nil {
+		return rep, err
+	}
+	if err := rep.wait(ctx, cfg, c, gatewayURL); err != nil {
+		return rep, err
+	}
+	rep.took = time.Since(start)
+	rep.consumer = c.Stats()
+	return rep, rep.collect(ctx, cfg, gatewayURL, apiURL)
+}
+
+// send publishes the messages and, when apiURL is set, sends the capture
+// requests, the bulk operations and the forged webhooks to the API.
+func (rep *demoReport) send(ctx context.Context, cfg demoConfig, apiURL string) error {
 	var err error
 	if rep.pub, err = publish(ctx, cfg.publish); err != nil {
-		return rep, err
+		return err
 	}
 	cfg.logger.Info("published", "messages", rep.pub.messages, "captures", rep.pub.captures,
 		"duplicates", rep.pub.dups, "producer_retries", rep.pub.retries, "prefix", rep.pub.prefix)
-	if apiURL != "" {
-		if rep.http, err = sendHTTP(ctx, cfg.http, apiURL, rep.pub.prefix); err != nil {
-			return rep, err
-		}
-		cfg.logger.Info("sent over http", "requests", rep.http.requests, "keys", rep.http.keys,
-			"capture_requests", len(rep.http.ids))
+	if apiURL == "" {
+		return nil
 	}
-	httpIDs := rep.http.captureRequestIDs()
-	messages := rep.pub.messages + len(httpIDs)
+	if rep.http, err = sendHTTP(ctx, cfg.http, apiURL, rep.pub.prefix); err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	if rep.edge, err = sendBulk(ctx, cfg.edge, client, apiURL, rep.pub.prefix); err != nil {
+		return err
+	}
+	if rep.edge.forged, err = sendForgedWebhooks(ctx, cfg.edge, client, apiURL, rep.pub.prefix); err != nil {
+		return err
+	}
+	cfg.logger.Info("sent over http", "requests", rep.http.requests, "keys", rep.http.keys,
+		"capture_requests", len(rep.http.ids), "bulk_items", describeCounts(rep.edge.items))
+	return nil
+}
+
+// apiIDs are the captureRequestIds the API accepted, single and bulk.
+func (rep *demoReport) apiIDs() []string {
+	return append(rep.http.captureRequestIDs(), rep.edge.captureRequestIDs()...)
+}
+
+// wait waits until every message is settled, every effect done, every
+// dead letter in its queue and every webhook delivered, or cfg.timeout.
+func (rep *demoReport) wait(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL string) error {
+	ids := rep.apiIDs()
+	messages := rep.pub.messages + len(ids)
 	like := rep.pub.prefix + "-%"
 	deadline := time.Now().Add(cfg.timeout)
 	lastLog := time.Now()
 	for {
 		s := c.Stats()
 		settled := s.Processed + s.Duplicates + s.DeadLettered
-		// The HTTP requests' outbox messages and captures have their
+		// The API's outbox messages and captures have their
 		// captureRequestIds as business keys.
 		open, err := count(ctx, cfg.pool, `SELECT count(*) FROM `+cfg.tables.Table("ledger")+
 			` WHERE (business_key LIKE $1 OR business_key = ANY($2)) AND status IN ('pending', 'in_flight', 'failed_retryable')`,
-			like, httpIDs)
+			like, ids)
 		if err != nil {
-			return rep, err
+			return err
 		}
-		if settled >= int64(messages) && open == 0 {
+		_, g, err := fetchStats(ctx, gatewayURL)
+		if err != nil {
+			return err
+		}
+		if settled >= int64(messages) && open == 0 && g.Webhooks.pending() == 0 {
 			// The runtime counts a dead letter before its publish to the
 			// dead-letter queue is confirmed.
 			if rep.dlq, err = queueDepth(cfg.publish.amqpURL, rep.dlqName); err != nil {
-				return rep, err
+				return err
 			}
 			if rep.dlq >= total(rep.pub.deadLetters) {
-				break
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return rep, fmt.Errorf("demo: not settled after %s: %d of %d messages, %d effects still open, %d dead letters in %s",
-				cfg.timeout, settled, messages, open, rep.dlq, rep.dlqName)
+			return fmt.Errorf("demo: not settled after %s: %d of %d messages, %d effects still open, %d webhooks pending, %d dead letters in %s",
+				cfg.timeout, settled, messages, open, g.Webhooks.pending(), rep.dlq, rep.dlqName)
 		}
 		if time.Since(lastLog) >= time.Second {
-			cfg.logger.Info("waiting", "settled", settled, "messages", messages, "open_effects", open)
+			cfg.logger.Info("waiting", "settled", settled, "messages", messages, "open_effects", open, "webhooks_pending", g.Webhooks.pending())
 			lastLog = time.Now()
 		}
 		select {
 		case <-ctx.Done():
-			return rep, ctx.Err()
+			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	rep.took = time.Since(start)
-	rep.consumer = c.Stats()
+}
+
+// collect reads what the checks compare, once everything settled.
+func (rep *demoReport) collect(ctx context.Context, cfg demoConfig, gatewayURL, apiURL string) error {
+	like := rep.pub.prefix + "-%"
+	var err error
 	if rep.rawStats, rep.gateway, err = fetchStats(ctx, gatewayURL); err != nil {
-		return rep, err
+		return err
 	}
 	if rep.payments, err = count(ctx, cfg.pool, `SELECT count(*) FROM `+paymentsTable(cfg.tables)+
 		` WHERE capture_request_id LIKE $1`, like); err != nil {
-		return rep, err
+		return err
 	}
 	if rep.effects, err = groupCount[ledger.Status](ctx, cfg.pool, `SELECT status, count(*) FROM `+cfg.tables.Table("ledger")+
 		` WHERE business_key LIKE $1 GROUP BY status`, like); err != nil {
-		return rep, err
+		return err
 	}
 	rep.dead, err = groupCount[string](ctx, cfg.pool, `SELECT reason, count(*) FROM `+rep.deadTable+
 		` WHERE consumer = $2 AND message_id LIKE $1 GROUP BY reason`, like, consumerName)
 	if err != nil || apiURL == "" {
-		return rep, err
+		return err
 	}
-	err = rep.http.settle(ctx, cfg.pool, cfg.tables)
-	return rep, err
+	if err := rep.http.settle(ctx, cfg.pool, cfg.tables); err != nil {
+		return err
+	}
+	return rep.edge.settle(ctx, cfg.pool, cfg.tables, apiURL, rep.apiIDs())
 }
 
 // print writes the report and the checks; it fails if a check does.
@@ -253,11 +309,18 @@ func (r demoReport) print(out io.Writer) error {
 		fmt.Fprintf(out, "  http captures       %6d  captureRequestIds; outbox messages: %s; payment rows %d; capture effects: %s\n",
 			len(h.ids), describeCounts(h.published), h.payments, describeCounts(h.captured))
 	}
+	e := r.edge
+	if h.keys > 0 {
+		fmt.Fprintf(out, "  bulk items          %6d  (%s; %d captureRequestIds)\n", total(e.items), describeCounts(e.items), len(e.ids))
+		w := r.gateway.Webhooks
+		fmt.Fprintf(out, "  gateway webhooks    %6d  events, %d deliveries (%d duplicates, %d retries); gateway_events rows %d\n",
+			w.Events, w.Deliveries, w.Duplicates, w.Retries, e.rows)
+	}
 	fmt.Fprintf(out, "  took                %6.1fs\n", r.took.Seconds())
 	fmt.Fprintf(out, "  gateway /stats      %s\n\n", strings.TrimSpace(string(r.rawStats)))
 
 	g := r.gateway
-	captures := p.captures + len(h.ids)
+	captures := p.captures + len(h.ids) + len(e.ids)
 	checks := []check{
 		{g.DoubleCharges == 0, fmt.Sprintf("double_charges == 0 (got %d)", g.DoubleCharges)},
 		{g.Charges == int64(captures) && g.DistinctCaptures == int64(captures),
@@ -270,6 +333,7 @@ func (r demoReport) print(out io.Writer) error {
 	}
 	if h.keys > 0 {
 		checks = append(checks, h.checks()...)
+		checks = append(checks, e.checks(g, len(h.ids)+len(e.ids))...)
 	}
 	failed := 0
 	for _, c := range checks {

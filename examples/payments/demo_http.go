@@ -8,7 +8,6 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -140,39 +139,30 @@ feed:
 // postCapture sends one POST /captures and labels the answer.
 func postCapture(ctx context.Context, client *http.Client, apiURL, key string, amount int) (status int, label, id string, err error) {
 	body := fmt.Sprintf(`{"orderId":%q,"amount":%d,"currency":"EUR"}`, "o-"+key, amount)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, apiURL+"/captures", strings.NewReader(body))
+	status, header, b, err := postDemo(ctx, client, apiURL+"/captures", key, body)
 	if err != nil {
 		return 0, "", "", err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set(tenantHeader, demoTenant)
-	req.Header.Set(callerHeader, demoCaller)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", "", fmt.Errorf("demo: POST /captures: %w", err)
-	}
-	defer resp.Body.Close()
 	var answer struct {
 		CaptureRequestID string `json:"captureRequestId"`
 		Code             string `json:"code"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
-		return 0, "", "", fmt.Errorf("demo: POST /captures answered %d: %w", resp.StatusCode, err)
+	if err := json.Unmarshal(b, &answer); err != nil {
+		return 0, "", "", fmt.Errorf("demo: POST /captures answered %d: %w", status, err)
 	}
 	switch {
-	case resp.StatusCode == http.StatusAccepted && resp.Header.Get("Idempotent-Replayed") == "true":
+	case status == http.StatusAccepted && header.Get("Idempotent-Replayed") == "true":
 		label = "202 replayed"
-	case resp.StatusCode == http.StatusAccepted:
+	case status == http.StatusAccepted:
 		label = "202 new"
 	case answer.Code == httpinbox.CodeInProgress:
 		label = "409 in progress"
 	case answer.Code == httpinbox.CodeKeyReused:
 		label = "422 key reused"
 	default:
-		label = fmt.Sprintf("%d %s", resp.StatusCode, answer.Code)
+		label = fmt.Sprintf("%d %s", status, answer.Code)
 	}
-	return resp.StatusCode, label, answer.CaptureRequestID, nil
+	return status, label, answer.CaptureRequestID, nil
 }
 
 // captureRequestIDs returns the accepted captureRequestIds (never nil).

@@ -51,6 +51,9 @@ type gatewayStats struct {
 	Failed  int64 `json:"injected_failures"`
 	Slowed  int64 `json:"slowed"`
 	Dropped int64 `json:"dropped_after_charge"`
+	// Webhooks counts the webhooks sent about the charges (all 0 without
+	// -webhook-url).
+	Webhooks webhookStats `json:"webhooks"`
 }
 
 // charge is the stored result of an idempotency key.
@@ -81,6 +84,8 @@ type gateway struct {
 	byKey     map[string]*charge
 	byCapture map[string]int64 // captureRequestId → times charged
 	stats     gatewayStats
+
+	hooks *webhookSender // nil: no webhooks; set once, under mu
 }
 
 func newGateway(f faults, log *slog.Logger) *gateway {
@@ -94,11 +99,25 @@ func (g *gateway) setFaults(f faults) {
 	g.mu.Unlock()
 }
 
+// sendWebhooks makes the gateway send a signed event per new charge to
+// cfg.url; the caller runs the sender it returns.
+func (g *gateway) sendWebhooks(cfg webhookConfig) *webhookSender {
+	s := newWebhookSender(cfg, g.log)
+	g.mu.Lock()
+	g.hooks = s
+	g.mu.Unlock()
+	return s
+}
+
 // snapshot returns the counters.
 func (g *gateway) snapshot() gatewayStats {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.stats
+	s, hooks := g.stats, g.hooks
+	g.mu.Unlock()
+	if hooks != nil {
+		s.Webhooks = hooks.snapshot()
+	}
+	return s
 }
 
 // handler routes the gateway's endpoints.
@@ -176,14 +195,19 @@ func (g *gateway) capture(w http.ResponseWriter, r *http.Request) {
 		g.stats.DoubleCharges++
 		g.log.Error("double charge", "capture_request_id", c.CaptureRequestID, "times", n, "idempotency_key", key)
 	}
-	resp, _ := json.Marshal(chargeResponse{ChargeID: fmt.Sprintf("ch_%d", g.stats.Charges),
-		CaptureRequestID: c.CaptureRequestID, Amount: c.Amount, Currency: c.Currency, Status: "captured"})
+	charged := chargeResponse{ChargeID: fmt.Sprintf("ch_%d", g.stats.Charges),
+		CaptureRequestID: c.CaptureRequestID, Amount: c.Amount, Currency: c.Currency, Status: "captured"}
+	resp, _ := json.Marshal(charged)
 	g.byKey[key] = &charge{bodyHash: hash, status: http.StatusCreated, response: resp}
 	drop := roll(f.DropAfterChargeRate)
 	if drop {
 		g.stats.Dropped++
 	}
+	hooks := g.hooks
 	g.mu.Unlock()
+	if hooks != nil {
+		hooks.settled(charged)
+	}
 
 	if drop {
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
@@ -258,7 +282,11 @@ func runGateway(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("payments gateway", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8099", "listen address")
 	f := faultFlags(fs, faults{})
+	hooks, secret := webhookFlags(fs, 0.3)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := checkWebhooks(hooks, *secret); err != nil {
 		return err
 	}
 	log := newLogger(slog.LevelInfo)
@@ -267,12 +295,17 @@ func runGateway(ctx context.Context, args []string) error {
 		return fmt.Errorf("gateway: %w", err)
 	}
 	g := newGateway(*f, log)
+	fns := []func(context.Context) error{func(ctx context.Context) error { return serveHTTP(ctx, "gateway", ln, g.handler()) }}
+	if hooks.url != "" {
+		fns = append(fns, g.sendWebhooks(*hooks).run)
+	}
 	log.Info("gateway listening", "addr", ln.Addr().String(), "fail_rate", f.FailRate, "slow_rate", f.SlowRate,
-		"slow_delay", f.SlowDelay, "drop_after_charge_rate", f.DropAfterChargeRate)
-	err = serveHTTP(ctx, "gateway", ln, g.handler())
+		"slow_delay", f.SlowDelay, "drop_after_charge_rate", f.DropAfterChargeRate, "webhook_url", hooks.url)
+	err = runAll(ctx, fns...)
 	s := g.snapshot()
 	log.Info("gateway stopped", "requests", s.Requests, "charges", s.Charges,
-		"distinct_captures", s.DistinctCaptures, "double_charges", s.DoubleCharges)
+		"distinct_captures", s.DistinctCaptures, "double_charges", s.DoubleCharges,
+		"webhook_events", s.Webhooks.Events, "webhook_deliveries", s.Webhooks.Deliveries, "webhooks_pending", s.Webhooks.pending())
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -136,4 +137,30 @@ func TestRunAllStopsEveryFunctionAndReturnsTheFirstError(t *testing.T) {
 	default:
 		t.Fatal("runAll returned before every function stopped")
 	}
+}
+
+func TestGatewayRetriesAWebhookUntilItIsAnswered(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if gatewaySigner([]byte("s")).Verify(r, body, time.Now()) != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if calls.Add(1) <= 2 {
+			w.WriteHeader(http.StatusServiceUnavailable) // down for the first two deliveries
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(receiver.Close)
+	g, url := newTestGateway(t, faults{})
+	runUntilCleanup(t, g.sendWebhooks(webhookConfig{url: receiver.URL, secret: []byte("s")}).run)
+	status, _, err := post(t, url, "k-1", `{"captureRequestId":"cr-1","orderId":"o-1","amount":5,"currency":"EUR"}`)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status)
+	waitFor(t, "the webhook delivered", func() bool { return g.snapshot().Webhooks.Delivered == 1 })
+	s := g.snapshot().Webhooks
+	require.Equal(t, webhookStats{Events: 1, Deliveries: 3, Retries: 2, Delivered: 1}, s)
 }

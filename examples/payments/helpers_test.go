@@ -42,7 +42,7 @@ func newEnv(t *testing.T, f faults, client *http.Client, tune func(*ledger.Dispa
 	t.Helper()
 	ctx := context.Background()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(ctx, pool, tables))
+	require.NoError(t, createTables(ctx, pool, tables))
 	e := &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t),
 		gateway: newGateway(f, testLogger()), traceparents: make(chan string, 1000)}
 	gw := e.gateway.handler()
@@ -213,7 +213,13 @@ func (g *gateway) keys() []string {
 // waitFor polls cond until it holds, failing the test after 20 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	waitWithin(t, 20*time.Second, what, cond)
+}
+
+// waitWithin polls cond until it holds, failing the test after limit.
+func waitWithin(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

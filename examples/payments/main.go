@@ -6,15 +6,22 @@
 // alone. Broker redeliveries, producer retries, gateway outages and responses
 // lost after the charge all end in exactly one charge per capture request.
 //
-//	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1]
-//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464] [-health-addr 127.0.0.1:8081]
+//	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1] [-webhook-url URL -webhook-secret S]
+//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-schema payments] [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464] [-health-addr 127.0.0.1:8081]
 //	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad]
-//	go run ./examples/payments api     -addr 127.0.0.1:8098 [-wait 2s] [-lease 30s] [-expiry 24h] [-metrics-addr 127.0.0.1:9465]
-//	go run ./examples/payments demo    [-n 1000] [-http=true] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
+//	go run ./examples/payments api     -addr 127.0.0.1:8098 [-schema payments] [-queue payments.capture.requested] [-webhook-secret S] [-wait 2s] [-lease 30s] [-expiry 24h] [-metrics-addr 127.0.0.1:9465] [-health-addr 127.0.0.1:8082]
+//	go run ./examples/payments demo    [-n 1000] [-http=true] [-bulk-n 20] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
 //
 // The api subcommand serves POST /captures with a required Idempotency-Key
 // and puts each accepted request on the queue through the ledger's outbox,
-// in the same transaction: one key, one captureRequestId, one charge.
+// in the same transaction: one key, one captureRequestId, one charge. It
+// answers 202 with Location /captures/{captureRequestId}, a long-running
+// operation that follows the worker's capture to succeeded, failed or
+// unknown. POST /captures:bulk takes up to 100 captures at once, with an
+// Idempotency-Key for the operation and an itemKey per capture. With a
+// webhook secret (-webhook-secret or PAYMENTS_WEBHOOK_SECRET) it serves
+// POST /webhooks/gateway: the gateway's signed capture.settled events,
+// appended to gateway_events once each, however often they come.
 //
 // A message is JSON with the AMQP message-id and correlation-id set:
 //
@@ -43,9 +50,9 @@ type command struct {
 
 // commands are the subcommands by name.
 var commands = map[string]command{
-	"api":     {"serve POST /captures with Idempotency-Key; publish accepted requests through the outbox", runAPI},
+	"api":     {"serve POST /captures (and :bulk) with Idempotency-Key, publish accepted requests through the outbox; receive the gateway's webhooks", runAPI},
 	"demo":    {"run gateway, worker and publisher in one process and check for double charges", runDemo},
-	"gateway": {"serve a fake payment provider that honours Idempotency-Key and injects faults", runGateway},
+	"gateway": {"serve a fake payment provider that honours Idempotency-Key, injects faults and sends signed webhooks", runGateway},
 	"publish": {"publish capture requests with duplicates, producer retries and bad messages", runPublish},
 	"worker":  {"consume capture requests and dispatch the captures to the gateway", runWorker},
 }

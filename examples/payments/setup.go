@@ -41,7 +41,8 @@ func serviceFlags(fs *flag.FlagSet) *services {
 }
 
 // open connects to PostgreSQL, applies idem's migrations to the schema and
-// creates the payments table. The caller closes the pool.
+// creates the example's tables. The caller closes the pool. The api and the
+// worker may run it at the same moment on a fresh schema.
 func (s *services) open(ctx context.Context) (*pgxpool.Pool, idem.Tables, error) {
 	pool, err := pgxpool.New(ctx, s.pgURL)
 	if err != nil {
@@ -52,7 +53,7 @@ func (s *services) open(ctx context.Context) (*pgxpool.Pool, idem.Tables, error)
 		pool.Close()
 		return nil, tables, fmt.Errorf("migrate %s: %w", s.schema, err)
 	}
-	if err := createPaymentsTable(ctx, pool, tables); err != nil {
+	if err := createTables(ctx, pool, tables); err != nil {
 		pool.Close()
 		return nil, tables, err
 	}
@@ -72,10 +73,43 @@ const createPaymentsSQL = `CREATE TABLE IF NOT EXISTS %s (
 	created_at         timestamptz NOT NULL DEFAULT now()
 )`
 
-// createPaymentsTable creates the payments table in tables' schema.
-func createPaymentsTable(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) error {
-	if _, err := pool.Exec(ctx, fmt.Sprintf(createPaymentsSQL, paymentsTable(tables))); err != nil {
-		return fmt.Errorf("create payments table: %w", err)
+// createAPICapturesSQL is the API's business table: one row per accepted
+// capture request, written in the same transaction as the key's record and
+// the outbox entry.
+const createAPICapturesSQL = `CREATE TABLE IF NOT EXISTS %s (
+	capture_request_id text        PRIMARY KEY,
+	tenant             text        NOT NULL,
+	caller             text        NOT NULL,
+	idempotency_key    text        NOT NULL,
+	order_id           text        NOT NULL,
+	amount             bigint      NOT NULL CHECK (amount > 0),
+	currency           text        NOT NULL,
+	created_at         timestamptz NOT NULL DEFAULT now()
+)`
+
+// createTables creates the example's tables (payments, api_captures,
+// gateway_events) in tables' schema, in one
+// transaction under the schema's advisory lock (the one migrate.Up takes):
+// two processes running CREATE TABLE IF NOT EXISTS at once would otherwise
+// race, and one would fail on pg_type's unique index.
+func createTables(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrate.LockKey(tables.WithDefaults().Schema)); err != nil {
+			return err
+		}
+		for _, ddl := range []string{
+			fmt.Sprintf(createPaymentsSQL, paymentsTable(tables)),
+			fmt.Sprintf(createAPICapturesSQL, apiCapturesTable(tables)),
+			fmt.Sprintf(createGatewayEventsSQL, gatewayEventsTable(tables)),
+		} {
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("create the example's tables: %w", err)
 	}
 	return nil
 }

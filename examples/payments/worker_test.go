@@ -179,7 +179,7 @@ func TestUnknownCaptureIsSettledFromTheGatewayByKey(t *testing.T) {
 func TestDemoChargesEachCaptureRequestOnce(t *testing.T) {
 	t.Parallel()
 	pool, tables := testdb.Schema(t)
-	require.NoError(t, createPaymentsTable(context.Background(), pool, tables))
+	require.NoError(t, createTables(context.Background(), pool, tables))
 	var out bytes.Buffer
 	err := demo(context.Background(), demoConfig{
 		pool: pool, tables: tables,

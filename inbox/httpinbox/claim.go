@@ -14,14 +14,6 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// States of a record.
-const (
-	stateStarted          = "started"
-	stateCompleted        = "completed"
-	stateFailedReplayable = "failed_replayable"
-	stateUnknown          = "unknown"
-)
-
 // The statements. {keys} is the quoted table; durations are passed in
 // microseconds so that no interval parsing is involved.
 //
@@ -142,7 +134,7 @@ func (o outcome) String() string {
 // record is the stored part of a key that a replay needs.
 type record struct {
 	fingerprint []byte
-	state       string
+	state       KeyState
 	leaseValid  bool
 	expired     bool
 	stored
@@ -171,7 +163,7 @@ func (m *Middleware) claim(ctx context.Context, c *Claim, fp idem.Hash) (outcome
 			err error
 		)
 		args := []any{c.id[:], c.tenant, c.caller, c.operation, c.key, fp[:], c.owner,
-			m.cfg.Lease.Microseconds(), m.cfg.Expiry.Microseconds()}
+			m.cfg.Lease.Microseconds(), c.expiry.Microseconds()}
 		if m.cfg.NewKeysPerMinute > 0 {
 			tag, err = m.pool.Exec(ctx, m.sql.claimLimited, append(args, m.cfg.NewKeysPerMinute)...)
 		} else {
@@ -215,7 +207,7 @@ func (m *Middleware) claim(ctx context.Context, c *Claim, fp idem.Hash) (outcome
 		if !bytes.Equal(rec.fingerprint, fp[:]) {
 			return outcomeConflict, stored{}, nil
 		}
-		if rec.state != stateStarted {
+		if rec.state != KeyStarted {
 			return outcomeReplay, rec.stored, nil
 		}
 		if rec.leaseValid {

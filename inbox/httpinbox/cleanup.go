@@ -15,20 +15,37 @@ const DefaultCleanupChunk = 1000
 // Cleanup deletes expired records, chunk rows per statement (each its own
 // short transaction, so it never holds many locks or a long snapshot), until
 // a chunk comes back short. It skips records whose handler is still running.
-// It returns how many records it deleted. Run it periodically, e.g. every few
+// Then it deletes, the same way, the finished operations (succeeded or
+// failed) past their expiry; unfinished ones stay. It returns how many
+// records and operations it deleted. Run it periodically, e.g. every few
 // minutes; an expired record that is still there behaves as absent anyway.
 func (m *Middleware) Cleanup(ctx context.Context, chunk int) (int, error) {
-	return cleanupLoop(ctx, chunk, m.cleanupChunk)
+	n, err := cleanupLoop(ctx, chunk, m.cleanupChunk)
+	if err != nil {
+		return n, err
+	}
+	ops, err := cleanupWith(ctx, m.pool, m.ops.sql.cleanup, chunk)
+	return n + ops, err
 }
 
-// CleanupExpired deletes the expired records in tables like
-// Middleware.Cleanup, for a process that cleans without serving requests
-// (the retention package, `idem cleanup`). It counts no metrics.
+// CleanupExpired deletes the expired records and finished operations in
+// tables like Middleware.Cleanup, for a process that cleans without serving
+// requests (the retention package, `idem cleanup`). It counts no metrics.
 func CleanupExpired(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, chunk int) (int, error) {
 	if err := tables.Validate(); err != nil {
 		return 0, fmt.Errorf("httpinbox: %w", err)
 	}
-	sql := newStatements(tables).cleanup
+	n, err := cleanupWith(ctx, pool, newStatements(tables).cleanup, chunk)
+	if err != nil {
+		return n, err
+	}
+	ops, err := cleanupWith(ctx, pool, newOperationSQL(tables).cleanup, chunk)
+	return n + ops, err
+}
+
+// cleanupWith runs the chunk statement sql (expired keys, or finished
+// operations past their expiry) until a chunk comes back short.
+func cleanupWith(ctx context.Context, pool *pgxpool.Pool, sql string, chunk int) (int, error) {
 	return cleanupLoop(ctx, chunk, func(ctx context.Context, chunk int) (int, error) {
 		return deleteExpired(ctx, pool, sql, chunk)
 	})
@@ -61,11 +78,11 @@ func (m *Middleware) cleanupChunk(ctx context.Context, chunk int) (int, error) {
 	return n, err
 }
 
-// deleteExpired runs the chunk statement sql once.
+// deleteExpired runs the chunk statement sql (of keys or operations) once.
 func deleteExpired(ctx context.Context, pool *pgxpool.Pool, sql string, chunk int) (int, error) {
 	tag, err := pool.Exec(ctx, sql, chunk)
 	if err != nil {
-		return 0, fmt.Errorf("httpinbox: delete expired keys: %w", err)
+		return 0, fmt.Errorf("httpinbox: delete expired rows: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }

@@ -30,7 +30,7 @@ const maxScopeLength = 255
 
 // DefaultStoredHeaders are the response headers stored and replayed when
 // Config.StoredHeaders is nil.
-var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "ETag", "Last-Modified", "Link", "Location"}
+var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "ETag", "Last-Modified", "Link", "Location", "Retry-After"}
 
 // ErrConfig is returned (wrapped) by New for an unusable Config.
 var ErrConfig = errors.New("httpinbox: invalid config")

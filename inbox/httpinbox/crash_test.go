@@ -145,10 +145,10 @@ func TestMetricsCountEachOutcome(t *testing.T) {
 	post(h, "k1", `{"amount": 2}`) // conflict
 	_, err := f.pool.Exec(context.Background(), `INSERT INTO `+f.tables.Table("http_keys")+
 		` (key_id, tenant, caller, operation, idempotency_key, fingerprint, lock_owner, locked_until, expires_at)
-		SELECT decode($1, 'hex'), '', '', 'payments.create', 'busy', fingerprint, gen_random_uuid(),
+		SELECT decode($1, 'hex'), '', 'test-client', 'payments.create', 'busy', fingerprint, gen_random_uuid(),
 		       now() + interval '1 hour', now() + interval '1 day'
 		FROM `+f.tables.Table("http_keys")+` WHERE idempotency_key = 'k1'`,
-		httpinbox.KeyID("", "", "payments.create", "busy"))
+		httpinbox.KeyID("", "test-client", "payments.create", "busy"))
 	require.NoError(t, err)
 	requireProblem(t, post(h, "busy", `{"amount": 1}`), http.StatusConflict, httpinbox.CodeInProgress)
 	_, err = f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+

@@ -62,7 +62,43 @@
 // taken from authentication, never from a value the client picks. New
 // refuses a Config with neither (ErrNoScope) unless Config.SharedScope says
 // explicitly that every caller shares one key space, which is only right for
-// a single-tenant internal service.
+// a single-tenant internal service. A request whose tenant and caller are
+// both empty (an anonymous request) is answered 401 CodeScopeRequired unless
+// SharedScope is set: anonymous callers must not share one key space either.
+//
+// # Webhooks
+//
+// Webhook serves a provider's signed events with the same record and the
+// same guarantees, keyed by (provider, tenant, event id): a Verifier
+// (TimestampedHMAC for the "t=…,v1=…" scheme of Stripe-style providers,
+// GitHub for X-Hub-Signature-256, BodyHMAC for an HMAC-SHA256 of the body)
+// checks the signature in constant time, and a bad, missing or stale one is
+// answered 401 before anything else is read: nothing is stored or run. Only
+// then is the event id taken (EventIDField, EventIDHeader), and the handler
+// runs once per event in the transaction that records it; redeliveries get
+// the stored answer. Webhook.Expiry keeps event ids for the provider's retry
+// horizon.
+//
+// # Bulk commands
+//
+// Bulk serves a request with many items: an Idempotency-Key for the
+// operation and an "itemKey" per item, {"items":[…]} in, one result per
+// item out (200, or 207 when some were rejected or failed). The operation,
+// its items' records and their writes commit in one transaction, each item
+// under a savepoint. The same operation key with the same body replays the
+// same bytes; an item key accepted under another operation is answered
+// already_accepted with its original result and never runs twice, so a new
+// operation carrying only the refused items retries just those.
+//
+// # Long-running operations
+//
+// Accept records, in the handler's transaction, an operation that a worker
+// carries out later, and answers 202 with Location and Retry-After;
+// OperationStatus serves its status document, which moves accepted →
+// running → succeeded | failed | unknown, survives restarts, and is shown
+// only to the tenant and caller that accepted it. A worker moves it with
+// Operations.Start and Operations.Finish, or the operation follows a ledger
+// effect (Accepted.Follows) and moves with the effect's outcome.
 //
 // # Identity
 //
@@ -83,4 +119,13 @@
 // an outbox message, continues the request's trace when the dispatcher
 // carries it out. The request duration is recorded as
 // http.server.request.duration.
+//
+// # Operating it
+//
+// Two gauges are read from the table whenever the metrics are collected:
+// idem.http_keys.oldest_in_progress_age (the oldest started key: a request
+// still running, or one that crashed and waits for its lease) and
+// idem.http_keys.oldest_unknown_age (the oldest Unknown outcome, which waits
+// for an operator). Keys lists, shows and resolves records without a
+// Middleware; the `idem http-keys` command is built on it.
 package httpinbox

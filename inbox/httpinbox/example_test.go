@@ -2,8 +2,6 @@ package httpinbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,15 +9,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/internal/exampleenv"
 )
 
 // A payments endpoint behind the middleware: the first request runs the
@@ -27,26 +22,11 @@ import (
 // key reused for a different request is refused.
 func Example() {
 	ctx := context.Background()
-	url := os.Getenv("IDEM_PG_URL")
-	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	tables := idem.Tables{Schema: "httpinbox_example_" + hex.EncodeToString(suffix[:])}
-	if _, err := migrate.Up(ctx, pool, tables); err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Exec(ctx, "DROP SCHEMA "+tables.QuotedSchema()+" CASCADE")
+	pool, tables, done := exampleenv.DB(ctx, "httpinbox", func(s string) string {
+		return "CREATE TABLE " + s + ".payments (id text PRIMARY KEY, amount bigint NOT NULL)"
+	})
+	defer done()
 	payments := pgx.Identifier{tables.Schema, "payments"}.Sanitize()
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+payments+" (id text PRIMARY KEY, amount bigint NOT NULL)"); err != nil {
-		log.Fatal(err)
-	}
 
 	m, err := httpinbox.New(pool, httpinbox.Config{
 		Tables: tables,

@@ -126,12 +126,12 @@ func (e *endpoint) relock(ctx context.Context, w http.ResponseWriter, tx pgx.Tx,
 func (e *endpoint) complete(ctx context.Context, tx pgx.Tx, c *Claim, resp Response) error {
 	m := e.m
 	st := e.store(resp)
-	state := stateCompleted
+	state := KeyCompleted
 	switch {
 	case resp.unknown:
-		state = stateUnknown
+		state = KeyUnknown
 	case resp.Status >= 400:
-		state = stateFailedReplayable
+		state = KeyFailedReplayable
 	}
 	var body []byte
 	if !st.bodyOmitted {
@@ -184,7 +184,7 @@ func (e *endpoint) resolveCommit(w http.ResponseWriter, c *Claim, commitErr erro
 		var rec record
 		var found bool
 		rec, found, err = m.read(ctx, c.id)
-		if err == nil && found && rec.state != stateStarted {
+		if err == nil && found && rec.state != KeyStarted {
 			writeResponse(w, rec.status, rec.header, rec.resourceID, rec.body, false)
 			return
 		}

@@ -33,7 +33,9 @@ type fixture struct {
 }
 
 // newFixture scopes keys by the X-Tenant-ID and X-Test-Caller headers
-// unless cfg sets a scope of its own or SharedScope.
+// (caller "test-client" when the request names none, since an anonymous
+// request cannot own a key) unless cfg sets a Tenant or Caller of its own or
+// SharedScope.
 func newFixture(t *testing.T, cfg httpinbox.Config) *fixture {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
@@ -44,14 +46,15 @@ func newFixture(t *testing.T, cfg httpinbox.Config) *fixture {
 		amount bigint NOT NULL)`)
 	require.NoError(t, err)
 	cfg.Tables = tables
-	if !cfg.SharedScope {
+	if !cfg.SharedScope && cfg.Tenant == nil && cfg.Caller == nil {
 		// Stand-ins for authentication: a real service takes both from the
 		// verified credentials, never from headers the client sets.
-		if cfg.Tenant == nil {
-			cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant-ID") }
-		}
-		if cfg.Caller == nil {
-			cfg.Caller = func(r *http.Request) string { return r.Header.Get("X-Test-Caller") }
+		cfg.Tenant = func(r *http.Request) string { return r.Header.Get("X-Tenant-ID") }
+		cfg.Caller = func(r *http.Request) string {
+			if c := r.Header.Get("X-Test-Caller"); c != "" {
+				return c
+			}
+			return "test-client"
 		}
 	}
 	if cfg.Logger == nil {

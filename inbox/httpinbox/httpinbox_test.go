@@ -178,6 +178,22 @@ func TestFingerprintUsesCanonicalJSON(t *testing.T) {
 	require.Equal(t, 1, f.count())
 }
 
+// Go decodes {"amount":1,"AMOUNT":2} and {"AMOUNT":2,"amount":1} into
+// different amounts: a retry with the other spelling is another request.
+func TestFingerprintNeverEquatesBodiesThatDecodeDifferently(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, httpinbox.Config{})
+	h := f.handler(httpinbox.Route{})
+
+	first := post(h, "k1", `{"amount":1,"AMOUNT":2}`)
+	require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+	require.Contains(t, first.Body.String(), `"amount":2`)
+	requireProblem(t, post(h, "k1", `{"AMOUNT":2,"amount":1}`), http.StatusUnprocessableEntity, httpinbox.CodeKeyReused)
+	again := post(h, "k1", `{"amount":1,"AMOUNT":2}`)
+	require.Equal(t, "true", again.Header().Get(httpinbox.HeaderReplayed), "the same bytes are the same request")
+	require.Equal(t, 1, f.count())
+}
+
 func TestFingerprintIgnoresHeadersButNotPath(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, httpinbox.Config{})
@@ -228,7 +244,7 @@ func TestKeyIDIsDerivedFromTheScope(t *testing.T) {
 	require.Equal(t, http.StatusCreated, post(h, "k1", `{"amount": 1}`, "X-Tenant-ID", "acme").Code)
 	var got string
 	require.NoError(t, f.pool.QueryRow(context.Background(), `SELECT key_id FROM `+f.payments).Scan(&got))
-	require.Equal(t, httpinbox.KeyID("acme", "", "payments.create", "k1"), got)
+	require.Equal(t, httpinbox.KeyID("acme", "test-client", "payments.create", "k1"), got)
 	require.NotEqual(t, httpinbox.KeyID("acme", "", "payments.create", "k1"), httpinbox.KeyID("acm", "e", "payments.create", "k1"))
 }
 

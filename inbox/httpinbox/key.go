@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
@@ -26,7 +27,8 @@ type Claim struct {
 	caller    string
 	operation string
 	key       string
-	owner     [16]byte // lease owner token of this attempt
+	owner     [16]byte      // lease owner token of this attempt
+	expiry    time.Duration // how long the record is kept
 }
 
 // KeyID returns the stable id of the key's scope: KeyID(tenant, caller,
@@ -102,18 +104,28 @@ func parseKey(h http.Header, max int) (string, error) {
 	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
 		k = k[1 : len(k)-1]
 	}
+	if err := checkKey(k, max); err != nil {
+		return "", fmt.Errorf("%w: %w", errBadKey, err)
+	}
+	return k, nil
+}
+
+// checkKey accepts 1 to max bytes of visible ASCII (0x21–0x7E) other than
+// '"' and '\\': the rule for every key idem stores (idempotency keys, webhook
+// event ids, bulk item keys).
+func checkKey(k string, max int) error {
 	if k == "" {
-		return "", fmt.Errorf("%w: empty", errBadKey)
+		return errors.New("empty")
 	}
 	if len(k) > max {
-		return "", fmt.Errorf("%w: longer than %d bytes", errBadKey, max)
+		return fmt.Errorf("longer than %d bytes", max)
 	}
 	for i := 0; i < len(k); i++ {
 		if c := k[i]; c < 0x21 || c > 0x7e || c == '"' || c == '\\' {
-			return "", fmt.Errorf("%w: byte %#02x at %d is not visible ASCII", errBadKey, c, i)
+			return fmt.Errorf("byte %#02x at %d is not visible ASCII", c, i)
 		}
 	}
-	return k, nil
+	return nil
 }
 
 // validScope reports whether a tenant or caller can be stored as text.
@@ -124,7 +136,9 @@ func validScope(s string) bool {
 // fingerprint is the request's identity for conflict detection: method, route
 // template, path, query, tenant, caller, operation and body. A JSON body is
 // canonicalised first (key order, whitespace and number spelling do not
-// count); any other body is taken byte for byte. Headers never count.
+// count); any other body, and JSON that has no canonical form (keys that
+// differ only in case, which Go decodes by their order), is taken byte for
+// byte. Headers never count.
 //
 // The concrete path and query are included next to the template because
 // path parameters are part of what is asked for: the same key and body sent
@@ -140,6 +154,13 @@ func fingerprint(r *http.Request, template, tenant, caller, operation string, bo
 	for _, s := range []string{r.Method, template, r.URL.EscapedPath(), query, tenant, caller, operation} {
 		writeField(h, s)
 	}
+	writeBody(h, body)
+	return idem.Hash(h.Sum(nil))
+}
+
+// writeBody writes a body to a fingerprint: canonical JSON when it has a
+// canonical form, else its bytes, each tagged so the two never collide.
+func writeBody(h hash.Hash, body []byte) {
 	switch c, err := idem.CanonicalJSON(body); {
 	case len(body) == 0:
 		writeField(h, "empty")
@@ -150,5 +171,4 @@ func fingerprint(r *http.Request, template, tenant, caller, operation string, bo
 		writeField(h, "raw")
 		writeField(h, string(body))
 	}
-	return idem.Hash(h.Sum(nil))
 }

@@ -1,7 +1,9 @@
 package httpinbox
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -17,8 +19,12 @@ const instrumentation = "github.com/idemkit/idem/inbox/httpinbox"
 // metrics are the middleware's instruments. Each counter carries the route's
 // operation as its only attribute (cleanup counts carry none); keys never
 // become attributes. duration is the semantic conventions' request duration,
-// by method, scheme, route and status.
+// by method, scheme, route and status. The two gauges are read from the
+// table when the metrics are collected.
 type metrics struct {
+	meter      metric.Meter
+	inProgAge  metric.Float64ObservableGauge // age of the oldest started key
+	unknownAge metric.Float64ObservableGauge // age of the oldest unknown outcome
 	duration   httpconv.ServerRequestDuration
 	started    metric.Int64Counter // handler runs begun (first requests and takeovers)
 	replayed   metric.Int64Counter // stored responses sent again
@@ -26,6 +32,9 @@ type metrics struct {
 	inProgress metric.Int64Counter // requests answered 409
 	expired    metric.Int64Counter // records removed because they expired
 	unknown    metric.Int64Counter // outcomes the server cannot prove
+
+	signatureRejected metric.Int64Counter // webhooks refused for their signature, by reason
+	bulkItems         metric.Int64Counter // bulk items answered, by item operation and status
 }
 
 func newMetrics(mp metric.MeterProvider) (metrics, error) {
@@ -48,6 +57,20 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	m.inProgress = counter("idem.http_keys.in_progress", "Requests answered 409 because their key was in progress.")
 	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired.")
 	m.unknown = counter("idem.http_keys.unknown", "Requests whose outcome the server cannot prove.")
+	m.bulkItems = counter("idem.bulk.items",
+		"Items of bulk requests answered, by item operation and status (accepted, already_accepted, rejected, failed).")
+	m.signatureRejected = counter("idem.webhooks.rejected",
+		"Webhook requests refused (401) because their signature was missing, invalid or stale, by reason.")
+	gauge := func(name, desc string) metric.Float64ObservableGauge {
+		g, err := meter.Float64ObservableGauge(name, metric.WithDescription(desc), metric.WithUnit("s"))
+		errs = append(errs, err)
+		return g
+	}
+	m.inProgAge = gauge("idem.http_keys.oldest_in_progress_age",
+		"Age of the oldest idempotency key still started: a request running, or one that crashed before its commit.")
+	m.unknownAge = gauge("idem.http_keys.oldest_unknown_age",
+		"How long the oldest unknown outcome has waited for an operator (idem http-keys resolve).")
+	m.meter = meter
 	var err error
 	m.duration, err = httpconv.NewServerRequestDuration(meter)
 	errs = append(errs, err)
@@ -59,7 +82,41 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	return m, nil
 }
 
+// gaugeTimeout bounds the query that reads the gauges at collection.
+const gaugeTimeout = 5 * time.Second
+
+// observeAges registers the callback that reads the two gauges with ages
+// when the metrics are collected. It stays registered for the life of the
+// meter provider, like the middleware it belongs to.
+func (m metrics) observeAges(ages func(context.Context) (inProgress, unknown time.Duration, err error)) error {
+	_, err := m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+		defer cancel()
+		inProgress, unknown, err := ages(ctx)
+		if err != nil {
+			return err
+		}
+		o.ObserveFloat64(m.inProgAge, inProgress.Seconds())
+		o.ObserveFloat64(m.unknownAge, unknown.Seconds())
+		return nil
+	}, m.inProgAge, m.unknownAge)
+	if err != nil {
+		return fmt.Errorf("httpinbox: register gauges: %w", err)
+	}
+	return nil
+}
+
 // opt is the attribute set of operation.
 func (metrics) opt(operation string) metric.AddOption {
 	return metric.WithAttributes(attribute.String("operation", operation))
+}
+
+// statusOpt is the attribute set of an item operation and an item status.
+func (metrics) statusOpt(operation, status string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("operation", operation), attribute.String("status", status))
+}
+
+// reasonOpt is the attribute set of operation and a refusal's reason.
+func (metrics) reasonOpt(operation, reason string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("operation", operation), attribute.String("reason", reason))
 }

@@ -75,6 +75,7 @@ type Middleware struct {
 	metrics metrics
 	tracer  trace.Tracer
 	log     *slog.Logger
+	ops     *Operations
 }
 
 // New returns a Middleware that keeps its records in pool, in the http_keys
@@ -91,7 +92,18 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
+	ages := newKeySQL(cfg.Tables).ages
+	if err := met.observeAges(func(ctx context.Context) (time.Duration, time.Duration, error) {
+		return keyAges(ctx, pool, ages)
+	}); err != nil {
+		return nil, err
+	}
+	ops, err := NewOperations(pool, cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
 	m := &Middleware{
+		ops:     ops,
 		pool:    pool,
 		cfg:     cfg,
 		sql:     newStatements(cfg.Tables),
@@ -113,13 +125,19 @@ func (m *Middleware) Handle(route Route, h Handler) http.Handler {
 	if route.Operation == "" || !utf8.ValidString(route.Operation) || h == nil {
 		panic(fmt.Sprintf("httpinbox: Handle needs a valid Operation and a handler, got %q", route.Operation))
 	}
-	return &endpoint{m: m, route: route, h: h}
+	return &endpoint{m: m, route: route, h: h, expiry: m.cfg.Expiry}
 }
 
+// endpoint is one route behind the middleware: an Idempotency-Key route, a
+// webhook (webhook set) whose key is the verified event id, or the status of
+// operations (status set).
 type endpoint struct {
-	m     *Middleware
-	route Route
-	h     Handler
+	m       *Middleware
+	route   Route
+	h       Handler
+	expiry  time.Duration // of the route's records
+	webhook *Webhook
+	status  bool
 }
 
 // detachedTimeout bounds the work that runs after the request context may be
@@ -135,6 +153,14 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // serve decides what to do with the request's key and does it.
 func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case e.webhook != nil:
+		e.serveWebhook(w, r)
+		return
+	case e.status:
+		e.serveStatus(w, r)
+		return
+	}
 	m := e.m
 	key, err := parseKey(r.Header, m.cfg.MaxKeyLength)
 	switch {
@@ -154,17 +180,20 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, CodeInvalidKey, err.Error(), 0)
 		return
 	}
-	tenant, caller := m.cfg.Tenant(r), m.cfg.Caller(r)
-	if !validScope(tenant) || !validScope(caller) {
-		decide(r.Context(), "rejected", nil)
-		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
-			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
+	tenant, caller, ok := e.scope(w, r)
+	if !ok {
 		return
 	}
 	body, ok := e.readBody(w, r)
 	if !ok {
 		return
 	}
+	e.claimAndAnswer(w, r, tenant, caller, key, body)
+}
+
+// claimAndAnswer runs the request with body (already read) under the key of
+// (tenant, caller, the route's operation, key).
+func (e *endpoint) claimAndAnswer(w http.ResponseWriter, r *http.Request, tenant, caller, key string, body []byte) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	c := &Claim{
 		id:        scopeID(tenant, caller, e.route.Operation, key),
@@ -172,6 +201,7 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		caller:    caller,
 		operation: e.route.Operation,
 		key:       key,
+		expiry:    e.expiry,
 	}
 	_, _ = rand.Read(c.owner[:]) // crypto/rand.Read never fails
 	template := e.route.Template
@@ -179,6 +209,27 @@ func (e *endpoint) serve(w http.ResponseWriter, r *http.Request) {
 		template = r.Pattern
 	}
 	e.answer(w, r, c, fingerprint(r, template, tenant, caller, e.route.Operation, body))
+}
+
+// scope returns the tenant and caller of r, or answers and returns false
+// when they cannot own a key: invalid text, or both empty (an anonymous
+// request) unless the Config shares one key space on purpose.
+func (e *endpoint) scope(w http.ResponseWriter, r *http.Request) (tenant, caller string, ok bool) {
+	m := e.m
+	tenant, caller = m.cfg.Tenant(r), m.cfg.Caller(r)
+	switch {
+	case !validScope(tenant) || !validScope(caller):
+		decide(r.Context(), "rejected", nil)
+		writeProblem(w, http.StatusBadRequest, CodeInvalidScope,
+			"tenant and caller must be valid UTF-8 without NUL, at most 255 bytes", 0)
+		return "", "", false
+	case tenant == "" && caller == "" && !m.cfg.SharedScope:
+		decide(r.Context(), "rejected", nil)
+		writeProblem(w, http.StatusUnauthorized, CodeScopeRequired,
+			"an Idempotency-Key belongs to an authenticated tenant or caller; this request has neither", 0)
+		return "", "", false
+	}
+	return tenant, caller, true
 }
 
 // answer claims c for the request with fingerprint fp and answers: it runs

@@ -31,6 +31,11 @@ const (
 	CodeValidationFailed = "VALIDATION_FAILED"
 	CodeInternal         = "INTERNAL_ERROR"
 	CodeOutcomeUnknown   = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+
+	// CodeScopeRequired (401) answers a request with a key whose Tenant and
+	// Caller are both empty: an anonymous request cannot own a key, or every
+	// anonymous caller would receive the others' stored responses.
+	CodeScopeRequired = "IDEMPOTENCY_SCOPE_REQUIRED"
 )
 
 // Response is what a handler answers. The middleware stores it with the
@@ -111,6 +116,20 @@ func (e *rejection) Error() string {
 }
 
 func (e *rejection) Unwrap() error { return e.err }
+
+// problem returns the rejection as a problem object, for the result of a
+// bulk item: its own response when that is one, else a VALIDATION_FAILED
+// problem with its status.
+func (e *rejection) problem() Response {
+	if e.resp.Header.Get("Content-Type") == "application/problem+json" && json.Valid(e.resp.Body) {
+		return e.resp
+	}
+	status := e.resp.Status
+	if status < 400 || status > 499 {
+		status = http.StatusBadRequest
+	}
+	return Problem(status, CodeValidationFailed, e.Error())
+}
 
 // Invalid wraps a validation error. A handler that returns it has its
 // transaction rolled back and the key released (deleted), so the client may

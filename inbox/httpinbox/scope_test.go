@@ -68,3 +68,29 @@ func TestSharedScopeSharesKeysAcrossCallersOnlyWhenAskedFor(t *testing.T) {
 	require.Equal(t, first.Body.String(), other.Body.String())
 	require.Equal(t, 1, f.count())
 }
+
+// A scope function that finds no principal returns "" for both: two such
+// requests with one key would otherwise share its stored response.
+func TestAnonymousRequestCannotOwnAKey(t *testing.T) {
+	t.Parallel()
+	header := func(name string) func(*http.Request) string {
+		return func(r *http.Request) string { return r.Header.Get(name) }
+	}
+	for name, cfg := range map[string]httpinbox.Config{
+		"tenant and caller": {Tenant: header("X-Tenant-ID"), Caller: header("X-Test-Caller")},
+		"caller only":       {Caller: header("X-Test-Caller")},
+		"tenant only":       {Tenant: header("X-Tenant-ID")},
+	} {
+		f := newFixture(t, cfg)
+		h := f.handler(httpinbox.Route{})
+		body := `{"amount": 5, "currency": "EUR"}`
+		for range 2 {
+			requireProblem(t, post(h, "order-1", body), http.StatusUnauthorized, httpinbox.CodeScopeRequired)
+		}
+		require.Zero(t, f.runs.Load(), name)
+		require.Zero(t, f.records(), name)
+
+		// A tenant or a caller alone is a scope.
+		require.Equal(t, http.StatusCreated, post(h, "order-1", body, "X-Tenant-ID", "acme", "X-Test-Caller", "alice").Code, name)
+	}
+}

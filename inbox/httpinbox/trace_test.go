@@ -83,7 +83,7 @@ func TestServerSpanContinuesTheIncomingTraceWithSemconvNames(t *testing.T) {
 	require.EqualValues(t, http.StatusCreated, a[semconv.HTTPResponseStatusCodeKey].AsInt64())
 	require.Equal(t, "payments.create", a["idem.http.operation"].AsString())
 	require.Equal(t, "run", a["idem.http.decision"].AsString())
-	require.Equal(t, httpinbox.KeyID("", "", "payments.create", "k1"), a["idem.http.key_id"].AsString())
+	require.Equal(t, httpinbox.KeyID("", "test-client", "payments.create", "k1"), a["idem.http.key_id"].AsString())
 	require.Equal(t, "replayed", attrsOf(replay.Attributes())["idem.http.decision"].AsString())
 
 	var rm metricdata.ResourceMetrics
