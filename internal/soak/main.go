@@ -84,7 +84,7 @@ type config struct {
 }
 
 // allFaults are the faults -faults can enable.
-var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete}
+var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete, faultRetention}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -196,6 +196,9 @@ func (c *config) validate() error {
 	}
 	if (c.has(faultHang) || c.has(faultCrash) || c.has(faultCompete)) && !c.runs(liveness) {
 		return errors.New("-faults hang, crash and compete need the liveness workload")
+	}
+	if c.has(faultRetention) && (!c.runs(orders) || !c.runs(quickstart) && !c.runs(payments)) {
+		return errors.New("-faults retention needs the orders example (the replay door) and quickstart or payments (the redrive door)")
 	}
 	return nil
 }

@@ -41,9 +41,9 @@ func TestScheduleInjectsEveryFaultBeforeLeasesCouldOutliveTheCap(t *testing.T) {
 		cfg := testConfig(t, ciArgs...)
 		cfg.seed = seed + 1
 		p := newPlan(cfg, "t")
-		window := p.estimate(cfg.rate)
-		events := schedule(cfg, window)
-		require.NoError(t, checkSchedule(cfg, window, events), "seed %d", cfg.seed)
+		window, floor := p.estimate(cfg.rate), retentionFloor(p, cfg.rate)
+		events := schedule(cfg, window, floor)
+		require.NoError(t, checkSchedule(cfg, window, floor, events), "seed %d", cfg.seed)
 		limit := min(window/2, cfg.durationCap-dispatcherLease-30*time.Second)
 		for _, e := range events {
 			require.Less(t, e.at, window, "seed %d: a fault after publishing", cfg.seed)
@@ -60,9 +60,9 @@ func TestScheduleNeverRunsTwoCompetePeriodsAtOnce(t *testing.T) {
 		// Long runs with frequent faults: compete comes up again and again.
 		cfg := testConfig(t, "-fault-every", "2s", "-duration-cap", "5m")
 		cfg.seed = seed + 1
-		window := 4 * time.Minute
-		events := schedule(cfg, window)
-		require.NoError(t, checkSchedule(cfg, window, events), "seed %d", cfg.seed)
+		window, floor := 4*time.Minute, 20*time.Second
+		events := schedule(cfg, window, floor)
+		require.NoError(t, checkSchedule(cfg, window, floor, events), "seed %d", cfg.seed)
 		last, competes := time.Duration(-1), 0
 		for _, e := range events {
 			if e.fault != faultCompete {
@@ -82,8 +82,8 @@ func TestScheduleRefusesARunTooShortForTheDispatcherFault(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, "-n", "2000", "-rate", "60", "-duration-cap", "80s")
 	p := newPlan(cfg, "t")
-	window := p.estimate(cfg.rate)
-	require.Error(t, checkSchedule(cfg, window, schedule(cfg, window)))
+	window, floor := p.estimate(cfg.rate), retentionFloor(p, cfg.rate)
+	require.Error(t, checkSchedule(cfg, window, floor, schedule(cfg, window, floor)))
 }
 
 func TestPlanSendsEveryCopyAfterItsOriginal(t *testing.T) {
