@@ -32,7 +32,7 @@ import (
 //   - the publisher: a duplicate or a conflicting payload comes at most 50
 //     of its example's messages after the original (generator.delay); the
 //     plan gives the longest such gap in time at the run's rate
-//     (plan.copyGap, about 3.5s at -rate 60 with four examples);
+//     (plan.copyGap, about 4s at -rate 60 with four examples);
 //   - the faults: a killed or crashed worker's unacknowledged deliveries
 //     come back once it runs again (a second or two, up to 1 + MaxCrashes
 //     deaths in a row for a poison message, about 7s), closed connections
