@@ -22,7 +22,8 @@ test: services vet
 
 # soak: the examples end to end under faults (SIGKILL, closed connections,
 # terminated sessions, a dispatcher killed mid-call, a faulty gateway, hung
-# and process-killing handlers, three competing worker processes), then the
+# and process-killing handlers, three competing worker processes, an inbox
+# cleanup at the floor while replays and redrives go on), then the
 # invariants. Needs rabbitmqctl and ss on this machine, as root.
 soak: services
 	$(GO) run ./internal/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 2m

@@ -48,15 +48,17 @@ func (h *harness) check(ctx context.Context, rep *report, p plan, faulty []deadL
 	}
 	h.checkQueues(ctx, rep)
 	h.checkFaults(rep)
+	h.checkRetention(rep)
 	h.checkCrashes(rep, faulty)
 	h.checkHangs(ctx, rep, faulty)
 }
 
 func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleReport, p plan, ex example, faulty []deadLetter) error {
-	inbox, err := h.db.inbox(ctx, ex)
+	inbox, forgotten, back, err := h.db.recall(ctx, ex)
 	if err != nil {
 		return err
 	}
+	er.Forgotten = forgotten
 	var winners map[string]string
 	if ex == payments {
 		if winners, err = h.paymentWinners(ctx); err != nil {
@@ -64,8 +66,16 @@ func (h *harness) checkExample(ctx context.Context, rep *report, er *exampleRepo
 		}
 	}
 	e := expect(p, ex, inbox, winners)
+	rows := fmt.Sprintf("%d inbox rows", len(inbox))
+	if forgotten > 0 {
+		rows = fmt.Sprintf("%d inbox rows, %d of them deleted by the retention fault", len(inbox), forgotten)
+	}
 	rep.check(ex.String(), "every valid message processed exactly once (one inbox row, the payload of a published copy)",
-		len(e.problems) == 0, summarize(e.problems, fmt.Sprintf("%d inbox rows", len(inbox))))
+		len(e.problems) == 0, summarize(e.problems, rows))
+	if h.cfg.has(faultRetention) {
+		rep.check(ex.String(), "no message whose inbox row the retention fault deleted was applied again", len(back) == 0,
+			summarize(back, fmt.Sprintf("%d rows deleted, none claimed again", forgotten)))
+	}
 	switch ex {
 	case quickstart:
 		err = h.checkBalances(ctx, rep, er, p, e, ex)

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,6 +23,14 @@ var consumerNames = [...]string{quickstart: "quickstart", payments: "payments", 
 type monitor struct {
 	pool   *pgxpool.Pool
 	tables map[example]idem.Tables
+
+	// What the retention fault saw cleanup delete, per example: the rows
+	// of messages that took effect and must never be applied again.
+	forgotMu sync.Mutex
+	forgot   map[example]map[string]inboxRow
+	// again lists, per example, the messages a cleanup deleted the row of
+	// a second time: the row had come back in between.
+	again map[example][]string
 }
 
 func (db *monitor) t(ex example, table string) string { return db.tables[ex].Table(table) }
@@ -67,7 +77,7 @@ func (db *monitor) waitProcessed(ctx context.Context, ex example, id string, t0 
 		var found bool
 		err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+db.t(ex, "inbox")+
 			` WHERE consumer = $1 AND message_id = $2)`, consumerNames[ex], id).Scan(&found)
-		return found, err
+		return found || db.forgotten(ex, id), err
 	})
 }
 
@@ -117,23 +127,108 @@ func (db *monitor) checkpoint(ctx context.Context, stream string) (int64, error)
 	return off, err
 }
 
-// inbox returns the inbox of ex: message id → payload hash.
-func (db *monitor) inbox(ctx context.Context, ex example) (map[string][32]byte, error) {
-	rows, err := db.pool.Query(ctx, `SELECT message_id, payload_hash FROM `+db.t(ex, "inbox")+
+// inboxRow is an inbox row, as far as the checks need it.
+type inboxRow struct {
+	hash     [32]byte
+	source   string
+	received time.Time
+	// lastSeen is the last claim of any copy of the message, lastOffset
+	// the highest stream offset of any copy (nil for a queue): what
+	// retention goes by.
+	lastSeen   time.Time
+	lastOffset *int64
+}
+
+// inboxRows returns the inbox of ex by message id.
+func (db *monitor) inboxRows(ctx context.Context, ex example) (map[string]inboxRow, error) {
+	rows, err := db.pool.Query(ctx, `SELECT message_id, payload_hash, source, received_at,
+		coalesce(seen_at, received_at), GREATEST(stream_offset, seen_offset) FROM `+db.t(ex, "inbox")+
 		` WHERE consumer = $1`, consumerNames[ex])
 	if err != nil {
 		return nil, fmt.Errorf("read the %s inbox: %w", ex, err)
 	}
-	out := map[string][32]byte{}
+	out := map[string]inboxRow{}
 	var (
 		id string
 		h  []byte
+		r  inboxRow
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &h}, func() error {
-		out[id] = [32]byte(h)
+	_, err = pgx.ForEachRow(rows, []any{&id, &h, &r.source, &r.received, &r.lastSeen, &r.lastOffset}, func() error {
+		r.hash = [32]byte(h)
+		out[id] = r
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, fmt.Errorf("read the %s inbox: %w", ex, err)
+	}
+	return out, nil
+}
+
+// forget records the rows of ex a cleanup deleted.
+func (db *monitor) forget(ex example, gone map[string]inboxRow) {
+	db.forgotMu.Lock()
+	defer db.forgotMu.Unlock()
+	if db.forgot == nil {
+		db.forgot, db.again = map[example]map[string]inboxRow{}, map[example][]string{}
+	}
+	if db.forgot[ex] == nil {
+		db.forgot[ex] = map[string]inboxRow{}
+	}
+	for id, r := range gone {
+		if _, ok := db.forgot[ex][id]; ok {
+			db.again[ex] = append(db.again[ex], fmt.Sprintf("%s: its row was deleted twice, so it came back in between (applied again)", id))
+			continue
+		}
+		db.forgot[ex][id] = r
+	}
+}
+
+// forgotten reports whether a cleanup deleted the row of message id of ex.
+func (db *monitor) forgotten(ex example, id string) bool {
+	db.forgotMu.Lock()
+	defer db.forgotMu.Unlock()
+	_, ok := db.forgot[ex][id]
+	return ok
+}
+
+// recall returns what the inbox of ex holds and held, message id → payload
+// hash: its rows now and those cleanup deleted. back lists the forgotten
+// messages that came back, each applied a second time: a row for it again,
+// or its row deleted twice.
+func (db *monitor) recall(ctx context.Context, ex example) (held map[string][32]byte, forgotten int, back []string, err error) {
+	rows, err := db.inboxRows(ctx, ex)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	held, forgotten, back = db.merge(ex, rows)
+	return held, forgotten, back, nil
+}
+
+// merge is recall on the rows the inbox of ex holds now.
+func (db *monitor) merge(ex example, rows map[string]inboxRow) (held map[string][32]byte, forgotten int, back []string) {
+	held = make(map[string][32]byte, len(rows))
+	for id, r := range rows {
+		held[id] = r.hash
+	}
+	db.forgotMu.Lock()
+	defer db.forgotMu.Unlock()
+	back = slices.Clone(db.again[ex])
+	for id, r := range db.forgot[ex] {
+		if now, ok := rows[id]; ok {
+			back = append(back, fmt.Sprintf("%s: claimed as new at %s after cleanup deleted its row (last seen %s)",
+				id, now.received.UTC().Format(time.RFC3339Nano), r.lastSeen.UTC().Format(time.RFC3339Nano)))
+		}
+		held[id] = r.hash
+	}
+	slices.Sort(back)
+	return held, len(db.forgot[ex]), back
+}
+
+// now is the database's clock.
+func (db *monitor) now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := db.pool.QueryRow(ctx, `SELECT now()`).Scan(&t)
+	return t, err
 }
 
 // deadLetter is a dead letter as the table or the queue holds it.
@@ -143,23 +238,48 @@ type deadLetter struct {
 	reason string
 }
 
-// deadLetters returns the dead_letters rows of ex.
-func (db *monitor) deadLetters(ctx context.Context, ex example) ([]deadLetter, error) {
-	rows, err := db.pool.Query(ctx, `SELECT message_id, payload_hash, reason FROM `+db.t(ex, "dead_letters")+
-		` WHERE consumer = $1`, consumerNames[ex])
+// deadLetterRow is a dead_letters row: the dead letter, when it entered
+// the table (and the dead-letter queue) and who redrove it.
+type deadLetterRow struct {
+	deadLetter
+	row        int64
+	at         time.Time
+	redriven   bool
+	redrivenBy string
+}
+
+// deadLetterRows returns the dead_letters rows of ex in the order they
+// were written.
+func (db *monitor) deadLetterRows(ctx context.Context, ex example) ([]deadLetterRow, error) {
+	rows, err := db.pool.Query(ctx, `SELECT id, message_id, payload_hash, reason, dead_lettered_at,
+		redriven_at IS NOT NULL, coalesce(redriven_by, '') FROM `+db.t(ex, "dead_letters")+
+		` WHERE consumer = $1 ORDER BY id`, consumerNames[ex])
 	if err != nil {
 		return nil, fmt.Errorf("read the %s dead letters: %w", ex, err)
 	}
 	var (
-		out []deadLetter
-		d   deadLetter
+		out []deadLetterRow
+		d   deadLetterRow
 		h   []byte
 	)
-	_, err = pgx.ForEachRow(rows, []any{&d.id, &h, &d.reason}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&d.row, &d.id, &h, &d.reason, &d.at, &d.redriven, &d.redrivenBy}, func() error {
 		d.hash = [32]byte(h)
 		out = append(out, d)
 		return nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("read the %s dead letters: %w", ex, err)
+	}
+	return out, nil
+}
+
+// deadLetters returns the dead_letters rows of ex.
+func (db *monitor) deadLetters(ctx context.Context, ex example) ([]deadLetter, error) {
+	rows, err := db.deadLetterRows(ctx, ex)
+	out := make([]deadLetter, len(rows))
+	for i, r := range rows {
+		out[i] = r.deadLetter
+	}
 	return out, err
 }
 

@@ -33,6 +33,9 @@ type injection struct {
 	// Processes are the compete fault's extra processes (their tags in the
 	// liveness worker's applied log).
 	Processes []string `json:"processes,omitempty"`
+	// Doors are what the retention fault's cleanup, replays and redrives
+	// did.
+	Doors []door `json:"doors,omitempty"`
 }
 
 // injector runs the fault schedule.
@@ -41,7 +44,7 @@ type injector struct {
 	start time.Time
 	mu    sync.Mutex
 	done  []*injection
-	wg    sync.WaitGroup // recovery watchers
+	wg    sync.WaitGroup // recovery watchers, and the retention faults' doors
 
 	// The liveness faults' state (the run goroutine's).
 	faulty   int // hung and poison messages published
@@ -50,6 +53,12 @@ type injector struct {
 	// faultyDead are the hung and poison messages' expected dead letters
 	// (guarded by mu).
 	faultyDead []deadLetter
+
+	// retentions counts the retention faults injected (the run
+	// goroutine's); retentionMu lets one at a time clean and go through
+	// the doors.
+	retentions  int
+	retentionMu sync.Mutex
 }
 
 // run injects the events at their time until they are all done or ctx ends,
@@ -81,6 +90,8 @@ func (in *injector) run(ctx context.Context, events []event) {
 			err = in.crash(ctx, inj)
 		case faultCompete:
 			err = in.compete(ctx, inj)
+		case faultRetention:
+			err = in.retention(ctx, inj)
 		}
 		if ctx.Err() != nil {
 			return
@@ -104,6 +115,7 @@ func (in *injector) injections() []injection {
 	out := make([]injection, len(in.done))
 	for i, inj := range in.done {
 		out[i] = *inj
+		out[i].Doors = slices.Clone(inj.Doors)
 	}
 	return out
 }

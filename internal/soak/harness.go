@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,6 +49,14 @@ type harness struct {
 	stream               string
 	tail                 int64 // the stream's last offset once publishing ended
 	amqpPort, streamPort int
+
+	// floor is the retention fault's window W (retentionFloor); idem is
+	// the operator's command line, built for it.
+	floor time.Duration
+	idem  string
+	// retaining counts the retention faults still at their doors: the run
+	// has not settled while one is.
+	retaining atomic.Int32
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -103,8 +112,9 @@ func soak(ctx context.Context, cfg config) (*report, error) {
 	streamio.RouteClientLogs(h.quiet)
 	p := newPlan(cfg, "s"+h.run)
 	window := p.estimate(cfg.rate)
-	events := schedule(cfg, window)
-	if err := checkSchedule(cfg, window, events); err != nil {
+	h.floor = retentionFloor(p, cfg.rate)
+	events := schedule(cfg, window, h.floor)
+	if err := checkSchedule(cfg, window, h.floor, events); err != nil {
 		return nil, err
 	}
 	var err error
@@ -128,7 +138,12 @@ func soak(ctx context.Context, cfg config) (*report, error) {
 	defer h.cleanup(rep)
 
 	h.logf("building %s", exampleList(cfg.examples))
-	if h.bins, err = build(ctx, h.tmp, cfg.examples); err != nil {
+	var cli []string
+	if cfg.has(faultRetention) {
+		cli = append(cli, "./cmd/idem")
+		h.idem = filepath.Join(h.tmp, "idem")
+	}
+	if h.bins, err = build(ctx, h.tmp, cfg.examples, cli...); err != nil {
 		return nil, err
 	}
 	if err := h.openMonitor(ctx); err != nil {
@@ -187,18 +202,20 @@ func soak(ctx context.Context, cfg config) (*report, error) {
 }
 
 // checkSchedule refuses a configuration whose schedule misses a fault.
-func checkSchedule(cfg config, window time.Duration, events []event) error {
+func checkSchedule(cfg config, window, floor time.Duration, events []event) error {
 	if window >= cfg.durationCap {
 		return fmt.Errorf("publishing takes %s at -rate %.0f, longer than -duration-cap %s", window.Round(time.Second), cfg.rate, cfg.durationCap)
 	}
 	for _, f := range cfg.faults {
-		if f == faultGateway {
+		if f == faultGateway || slices.ContainsFunc(events, func(e event) bool { return e.fault == f }) {
 			continue
 		}
-		if !slices.ContainsFunc(events, func(e event) bool { return e.fault == f }) {
-			return fmt.Errorf("fault %s does not fit in this run (publishing takes %s; the dispatcher fault needs %s of lease before -duration-cap %s): raise -n or -duration-cap, or lower -rate",
-				f, window.Round(time.Second), dispatcherLease, cfg.durationCap)
+		if f == faultRetention {
+			return fmt.Errorf("fault retention does not fit in this run: it cleans at the floor %s once rows are older than that, from %s on, "+
+				"and publishing takes %s: raise -n or lower -rate", floor, floor+retentionLead, window.Round(time.Second))
 		}
+		return fmt.Errorf("fault %s does not fit in this run (publishing takes %s; the dispatcher fault needs %s of lease before -duration-cap %s): raise -n or -duration-cap, or lower -rate",
+			f, window.Round(time.Second), dispatcherLease, cfg.durationCap)
 	}
 	return nil
 }

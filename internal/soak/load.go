@@ -174,6 +174,11 @@ type orderEvent struct {
 }
 
 func (g *generator) generate(n int) []message {
+	if g.cfg.has(faultRetention) && (g.ex == quickstart || g.ex == payments) {
+		// The retention fault's redrive door needs a dead letter older than
+		// any horizon it will record: the load of these queues opens with one.
+		g.emit(g.malformedMessage(n))
+	}
 	for i := range n {
 		orig := len(g.out)
 		m := g.valid(i)
@@ -359,6 +364,19 @@ func (g *generator) malformedMessage(i int) message {
 		}
 	}
 	return m
+}
+
+// copyGap is the longest time between the publishing of two copies of one
+// message id (a duplicate or a conflicting payload after its original) at
+// rate: the publisher sends message i of the plan i/rate after it starts.
+func (p plan) copyGap(rate float64) time.Duration {
+	most := 0
+	for i, m := range p.msgs {
+		if m.kind == kindDup || m.kind == kindConflict {
+			most = max(most, i-m.of)
+		}
+	}
+	return time.Duration(float64(most) / rate * float64(time.Second))
 }
 
 // estimate is how long publishing p at rate takes.

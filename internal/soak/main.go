@@ -23,13 +23,33 @@
 //   - compete: two more processes of the worker, three with one consumer
 //     Name on one queue, for 15s.
 //
+// And one fault goes through the operator's doors, with the built idem
+// command line and the orders binary's replay subcommand, while the load
+// and the other faults go on:
+//
+//   - retention: idem inbox cleanup at the floor W on every example
+//     (--older-than W --floor W), then a normal replay of the orders stream
+//     from first, which must be refused naming the horizon, one from just
+//     above the horizon to the tail, which must process nothing the live
+//     consumer had, and idem deadletters redrive of the quickstart and
+//     payments dead letters, which must leave in the dead-letter queue
+//     every message that entered it by the horizon and move the others.
+//     W is the longest gap between two copies of a message in the load plus
+//     15s for redeliveries (about 20s in make soak): a cleanup below the
+//     time after which the soak may still deliver a copy would break the
+//     retention contract by design. The cleanup comes once rows older than
+//     W exist; the queues' load opens with a malformed message, so that
+//     their dead-letter queues hold one older than any horizon. The soak
+//     remembers every row the cleanup deleted, and fails when one of their
+//     messages is claimed again.
+//
 // When everything has settled it checks that every valid message took effect
 // exactly once and every bad one is in the dead letters with its reason (and
 // no healthy one, nor any the broker dead-lettered at its delivery limit),
 // prints a table and exits non-zero on FAIL.
 //
 //	go run ./internal/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
-//	                       [-faults kill,connections,backends,dispatcher,gateway,hang,crash,compete] [-fault-every 4s]
+//	                       [-faults kill,connections,backends,dispatcher,gateway,hang,crash,compete,retention] [-fault-every 4s]
 //	                       [-duration-cap 2m] [-examples quickstart,payments,orders,liveness] [-seed N] [-json FILE]
 //	go run ./internal/soak worker [-queue Q] [-schema S] [-tag T] [-handler-timeout 2s] [-max-attempts 2]
 //
@@ -84,7 +104,7 @@ type config struct {
 }
 
 // allFaults are the faults -faults can enable.
-var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete}
+var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete, faultRetention}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -196,6 +216,9 @@ func (c *config) validate() error {
 	}
 	if (c.has(faultHang) || c.has(faultCrash) || c.has(faultCompete)) && !c.runs(liveness) {
 		return errors.New("-faults hang, crash and compete need the liveness workload")
+	}
+	if c.has(faultRetention) && (!c.runs(orders) || !c.runs(quickstart) && !c.runs(payments)) {
+		return errors.New("-faults retention needs the orders example (the replay door) and quickstart or payments (the redrive door)")
 	}
 	return nil
 }

@@ -19,8 +19,9 @@ import (
 
 // build compiles the example binaries (and the soak itself, for its
 // liveness worker) into dir, once, so that a SIGKILL hits the worker itself
-// and not `go run`.
-func build(ctx context.Context, dir string, examples []example) (map[example]string, error) {
+// and not `go run`; and the command-line packages of cli (idem, for the
+// retention fault), each into dir under its last path element.
+func build(ctx context.Context, dir string, examples []example, cli ...string) (map[example]string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
 		return nil, fmt.Errorf("find the module: go env GOMOD: %w", err)
@@ -35,6 +36,7 @@ func build(ctx context.Context, dir string, examples []example) (map[example]str
 		args = append(args, ex.pkg())
 		bins[ex] = filepath.Join(dir, ex.bin())
 	}
+	args = append(args, cli...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = filepath.Dir(mod)
 	var stderr bytes.Buffer

@@ -48,7 +48,8 @@ type exampleReport struct {
 	Duplicates      int    `json:"duplicates"`
 	Conflicts       int    `json:"conflicts"`
 	Malformed       int    `json:"malformed"`
-	Faulty          int    `json:"hung_and_poison"` // liveness: published by the hang and crash faults
+	Faulty          int    `json:"hung_and_poison"`      // liveness: published by the hang and crash faults
+	Forgotten       int    `json:"inbox_rows_forgotten"` // deleted by the retention fault
 	Effects         int    `json:"effects"`
 	DeadLetters     int    `json:"dead_letters_expected"`
 	DeadLetterRows  int    `json:"dead_letter_rows"`
@@ -101,6 +102,7 @@ func (r *report) finish(cfg config) {
 		faultHang:        "hung handlers published → a message published after them processed",
 		faultCrash:       "poison published → it was dead-lettered and a message published after it processed",
 		faultCompete:     "two more processes started → a message published after it processed",
+		faultRetention:   "inbox cleaned at the floor → a message published after it processed, in every example",
 	}
 	for _, f := range cfg.faults {
 		if f == faultGateway {
@@ -175,6 +177,9 @@ func (r *report) print(w io.Writer) {
 		row("hung and poison (hang, crash faults)", func(e exampleReport) int { return e.Faulty })
 	}
 	row("effects applied (deposits, payments, events)", func(e exampleReport) int { return e.Effects })
+	if slices.ContainsFunc(r.Examples, func(e exampleReport) bool { return e.Forgotten > 0 }) {
+		row("inbox rows deleted (retention fault)", func(e exampleReport) int { return e.Forgotten })
+	}
 	row("dead letters expected", func(e exampleReport) int { return e.DeadLetters })
 	row("dead_letters rows", func(e exampleReport) int { return e.DeadLetterRows })
 	row("dead-letter queue", func(e exampleReport) int { return e.DeadLetterQueue })
@@ -205,6 +210,12 @@ func (r *report) print(w io.Writer) {
 			state += "; " + inj.Outcome
 		}
 		fmt.Fprintf(w, "- %7s  %-11s %-10s %s — %s\n", dur(inj.At), inj.Fault, inj.Target, inj.Detail, state)
+		for _, d := range inj.Doors {
+			fmt.Fprintf(w, "    - %s %s (exit %d): %s\n", d.Door, d.Target, d.Exit, d.Did)
+			for _, p := range d.Problems {
+				fmt.Fprintf(w, "      PROBLEM: %s\n", p)
+			}
+		}
 	}
 	if r.Crashes > 0 {
 		fmt.Fprintf(w, "\npoison messages killed a liveness worker %d times; the supervisor started it again each time\n", r.Crashes)

@@ -31,6 +31,12 @@ const (
 	// faultCompete runs two more liveness worker processes, three in all
 	// with one consumer Name on one queue, for competeFor.
 	faultCompete = "compete"
+	// faultRetention cleans every example's inbox at the floor (the run's
+	// retention window W) with idem inbox cleanup, then goes through the
+	// doors back in: a normal replay of the orders stream from first and
+	// from just above the horizon, and a redrive of the queues' dead
+	// letters.
+	faultRetention = "retention"
 )
 
 // competeFor is how long the compete fault's extra processes run. Compete
@@ -51,8 +57,9 @@ type event struct {
 	target example // faultKill: the worker to kill
 }
 
-// schedule spreads faults over the publishing window: every enabled fault at
-// least once in the first half (the dispatcher fault first), then one every
+// schedule spreads faults over the publishing window: every enabled fault
+// but retention at least once in the first half (the dispatcher fault
+// first), then one every
 // cfg.faultEvery on average, at random moments, until 3s before the end.
 // Faults that can leave a claimed effect behind for a whole lease (the
 // dispatcher fault, a kill of a worker that dispatches) come only in the
@@ -60,7 +67,12 @@ type event struct {
 // cfg.durationCap: later ones are replaced (kills hit quickstart or
 // liveness, which dispatch nothing). A compete event within competeFor of
 // the previous one is replaced too.
-func schedule(cfg config, window time.Duration) []event {
+//
+// The retention fault cleans at the floor: it comes only once rows older
+// than floor exist (floor + retentionLead after the start), at most once
+// every floor, and once at least, at a random moment before the end, when
+// none of the random ones was one.
+func schedule(cfg config, window, floor time.Duration) []event {
 	r := rand.New(rand.NewPCG(cfg.seed, 0x6661756c74))
 	var active []string
 	for _, f := range cfg.faults {
@@ -74,26 +86,31 @@ func schedule(cfg config, window time.Duration) []event {
 	stranding := min(window/2, cfg.durationCap-dispatcherLease-30*time.Second)
 	var out []event
 	// First round: a random order, the dispatcher first, in the first half.
-	r.Shuffle(len(active), func(i, j int) { active[i], active[j] = active[j], active[i] })
-	if i := slices.Index(active, faultDispatcher); i > 0 {
-		active[0], active[i] = active[i], active[0]
+	round := slices.DeleteFunc(slices.Clone(active), func(f string) bool { return f == faultRetention })
+	r.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+	if i := slices.Index(round, faultDispatcher); i > 0 {
+		round[0], round[i] = round[i], round[0]
 	}
 	first := window / 2
-	slot := first / time.Duration(len(active))
-	for i, f := range active {
-		at := time.Duration(i)*slot + time.Duration(r.Int64N(int64(slot)/2)) + slot/4
-		out = append(out, event{at: at, fault: f})
+	if len(round) > 0 {
+		slot := first / time.Duration(len(round))
+		for i, f := range round {
+			at := time.Duration(i)*slot + time.Duration(r.Int64N(int64(slot)/2)) + slot/4
+			out = append(out, event{at: at, fault: f})
+		}
 	}
 	// Then random faults until the end of the window.
+	last := window - 3*time.Second
 	at := first
 	for {
 		at += cfg.faultEvery/2 + time.Duration(r.Int64N(int64(cfg.faultEvery)))
-		if at >= window-3*time.Second {
+		if at >= last {
 			break
 		}
 		out = append(out, event{at: at, fault: active[r.IntN(len(active))]})
 	}
-	competing := time.Duration(-1) // start of the last compete event (out is in time order)
+	earliest := floor + retentionLead
+	competing, retaining := time.Duration(-1), time.Duration(-1) // the last such events (out is in time order)
 	for i := range out {
 		e := &out[i]
 		late := e.at > stranding
@@ -104,17 +121,31 @@ func schedule(cfg config, window time.Duration) []event {
 		if competing >= 0 && e.at-competing < competeFor {
 			not = append(not, faultCompete)
 		}
+		if e.at < earliest || retaining >= 0 && e.at-retaining < floor {
+			not = append(not, faultRetention)
+		}
 		if slices.Contains(not, e.fault) {
 			e.fault = pickOther(r, active, not...)
 		}
-		if e.fault == faultCompete {
+		switch e.fault {
+		case faultCompete:
 			competing = e.at
-		}
-		if e.fault == faultKill {
+		case faultRetention:
+			retaining = e.at
+		case faultKill:
 			e.target = killTarget(r, cfg.examples, late)
 		}
 	}
-	return slices.DeleteFunc(out, func(e event) bool { return e.fault == "" || e.target < 0 })
+	out = slices.DeleteFunc(out, func(e event) bool { return e.fault == "" || e.target < 0 })
+	if slices.Contains(active, faultRetention) && retaining < 0 && last > earliest {
+		at := earliest + time.Duration(r.Int64N(int64(last-earliest)))
+		i := slices.IndexFunc(out, func(e event) bool { return e.at > at })
+		if i < 0 {
+			i = len(out)
+		}
+		out = slices.Insert(out, i, event{at: at, fault: faultRetention})
+	}
+	return out
 }
 
 // pickOther picks a fault from active other than those in not, or "" if

@@ -58,6 +58,9 @@ func (h *harness) settle(ctx context.Context) error {
 
 // busy says what is still going on, or "" when nothing is.
 func (h *harness) busy(ctx context.Context, tail int64) (string, error) {
+	if h.retaining.Load() > 0 {
+		return "a retention fault is still going through the doors", nil
+	}
 	for _, ex := range h.cfg.examples {
 		if p := h.workers[ex]; p.pid() == 0 {
 			return p.name + " worker is not running", nil

@@ -35,15 +35,35 @@ func testConfig(t *testing.T, args ...string) config {
 	return cfg
 }
 
+// scheduled is the fault schedule of cfg's load, as a run computes it, and
+// checkSchedule's verdict on it.
+func scheduled(cfg config) (events []event, window, floor time.Duration, err error) {
+	p := newPlan(cfg, "t")
+	window, floor = p.estimate(cfg.rate), retentionFloor(p, cfg.rate)
+	events = schedule(cfg, window, floor)
+	return events, window, floor, checkSchedule(cfg, window, floor, events)
+}
+
+// requirePrinted prints rep and requires each of want in the printout,
+// which it returns.
+func requirePrinted(t *testing.T, rep *report, want ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	rep.print(&out)
+	s := out.String()
+	for _, w := range want {
+		require.Contains(t, s, w)
+	}
+	return s
+}
+
 func TestScheduleInjectsEveryFaultBeforeLeasesCouldOutliveTheCap(t *testing.T) {
 	t.Parallel()
 	for seed := range uint64(50) {
 		cfg := testConfig(t, ciArgs...)
 		cfg.seed = seed + 1
-		p := newPlan(cfg, "t")
-		window := p.estimate(cfg.rate)
-		events := schedule(cfg, window)
-		require.NoError(t, checkSchedule(cfg, window, events), "seed %d", cfg.seed)
+		events, window, _, err := scheduled(cfg)
+		require.NoError(t, err, "seed %d", cfg.seed)
 		limit := min(window/2, cfg.durationCap-dispatcherLease-30*time.Second)
 		for _, e := range events {
 			require.Less(t, e.at, window, "seed %d: a fault after publishing", cfg.seed)
@@ -60,9 +80,9 @@ func TestScheduleNeverRunsTwoCompetePeriodsAtOnce(t *testing.T) {
 		// Long runs with frequent faults: compete comes up again and again.
 		cfg := testConfig(t, "-fault-every", "2s", "-duration-cap", "5m")
 		cfg.seed = seed + 1
-		window := 4 * time.Minute
-		events := schedule(cfg, window)
-		require.NoError(t, checkSchedule(cfg, window, events), "seed %d", cfg.seed)
+		window, floor := 4*time.Minute, 20*time.Second
+		events := schedule(cfg, window, floor)
+		require.NoError(t, checkSchedule(cfg, window, floor, events), "seed %d", cfg.seed)
 		last, competes := time.Duration(-1), 0
 		for _, e := range events {
 			if e.fault != faultCompete {
@@ -80,10 +100,8 @@ func TestScheduleNeverRunsTwoCompetePeriodsAtOnce(t *testing.T) {
 
 func TestScheduleRefusesARunTooShortForTheDispatcherFault(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t, "-n", "2000", "-rate", "60", "-duration-cap", "80s")
-	p := newPlan(cfg, "t")
-	window := p.estimate(cfg.rate)
-	require.Error(t, checkSchedule(cfg, window, schedule(cfg, window)))
+	_, _, _, err := scheduled(testConfig(t, "-n", "2000", "-rate", "60", "-duration-cap", "80s"))
+	require.Error(t, err)
 }
 
 func TestPlanSendsEveryCopyAfterItsOriginal(t *testing.T) {

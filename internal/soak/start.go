@@ -59,7 +59,7 @@ func (h *harness) startAll(ctx context.Context) error {
 			p.args = []string{"worker", "-queue", h.queue(ex), "-schema", h.schema(ex),
 				"-gateway-url", h.gatewayURL, "-gateway-timeout", "1s"}
 		case orders:
-			p.args = []string{"-schema", h.schema(ex), "-stream", h.stream, "-mail", h.mailURL + "/send", "worker"}
+			p.args = h.ordersArgs("worker")
 		}
 		h.workers[ex] = p
 		if err := h.sup.start(p); err != nil {
