@@ -263,16 +263,25 @@ rabbit_kill() {
 	pid=$(node_pid "$i") || die "$(node_name "$i") is not running"
 	log "kill -9 $(node_name "$i") (pid $pid)"
 	kill -9 "$pid"
-	wait_until "$(node_name "$i") to die" gone "$pid" $((AMQP_PORT + i - 1))
-	rm -f "$(node_dir "$i")/pid"
+	rabbit_exited "$i" "$pid"
 }
 
 rabbit_stop() {
-	local i=$1
-	node_pid "$i" >/dev/null || { log "$(node_name "$i") is not running"; return; }
+	local i=$1 pid
+	pid=$(node_pid "$i") || { log "$(node_name "$i") is not running"; return; }
 	log "stopping $(node_name "$i")"
 	ctl "$i" -q stop >/dev/null
-	wait_until "$(node_name "$i") to stop" gone "" $((AMQP_PORT + i - 1))
+	rabbit_exited "$i" "$pid"
+}
+
+# rabbit_exited I PID waits until node I's process PID and the wrapper that
+# started it are gone, so that the node can be started again at once.
+rabbit_exited() {
+	local i=$1 wrapper
+	wrapper=$(cat "$(node_dir "$i")/wrapper" 2>/dev/null) && owned "$wrapper" || wrapper=
+	wait_until "$(node_name "$i") to exit" gone "$2" $((AMQP_PORT + i - 1))
+	wait_until "the wrapper of $(node_name "$i") to exit" gone "$wrapper" $((AMQP_PORT + i - 1))
+	rm -f "$(node_dir "$i")/pid"
 }
 
 rabbit_status() {
@@ -384,6 +393,7 @@ pg_init_primary() {
 		wal_keep_size = '256MB'
 		hot_standby = on
 		hot_standby_feedback = on
+		wal_retrieve_retry_interval = '1s'
 		wal_log_hints = on
 		include_if_exists = 'node.conf'
 	CONF
@@ -483,6 +493,8 @@ pg_repair() {
 		;;
 	*) die "PostgreSQL nodes are ${r[0]} and ${r[1]}: run pg-recreate" ;;
 	esac
+	s=$(pg_name "$(other "$p")")
+	wait_until "$s to stream from $(pg_name "$p")" streaming "$p" "$s"
 	pg_apply_mode "$p"
 }
 
