@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo demo-quickstart demo-payments test soak services vet bench
+.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test
 
 # demo: the quickstart worker, then the payments chain
 # (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
@@ -30,6 +30,24 @@ soak: services
 
 services:
 	./scripts/services.sh
+
+# cluster-test: the tests tagged `cluster` (the packages that have them) on
+# the production topology of scripts/cluster.sh: a private 3-node RabbitMQ
+# cluster and a PostgreSQL primary with a streaming standby, on spare ports.
+# It starts the topology, runs the packages one at a time (their faults are
+# cluster-wide) and removes the topology afterwards, pass or fail.
+# CLUSTER_RUN narrows the tests, as go test -run.
+CLUSTER_TEST_TIMEOUT ?= 30m
+CLUSTER_RUN ?=
+CLUSTER_PKGS = $(sort $(dir $(shell grep -rlE --include='*_test.go' '^//go:build.*\bcluster\b' .)))
+
+cluster-test: services
+	status=0; \
+	./scripts/cluster.sh up >/dev/null && \
+	IDEM_CLUSTER=1 $(GO) test -race -count=1 -p 1 -tags cluster -timeout $(CLUSTER_TEST_TIMEOUT) \
+		-run '$(CLUSTER_RUN)' $(CLUSTER_PKGS) || status=$$?; \
+	./scripts/cluster.sh down; \
+	exit $$status
 
 vet:
 	$(GO) vet ./...

@@ -35,7 +35,8 @@ port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 is_local() { case "$1" in 127.*|localhost|::1) return 0;; *) return 1;; esac; }
 
-can_install() { [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; }
+# shellcheck source=apt.sh
+. "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 wait_for() { # what, command...
 	local what=$1; shift
@@ -47,17 +48,6 @@ wait_for() { # what, command...
 		fi
 		sleep 1
 	done
-}
-
-APT_UPDATED=
-apt_install() {
-	if [ -z "$APT_UPDATED" ]; then
-		log "apt-get update"
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq
-		APT_UPDATED=1
-	fi
-	log "apt-get install $*"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 pg_answers() { command -v psql >/dev/null && psql "$PG_URL" -Atqc 'select 1' 2>/dev/null | grep -qx 1; }

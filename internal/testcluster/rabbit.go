@@ -1,0 +1,204 @@
+package testcluster
+
+import (
+	"encoding/json"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// URL returns the AMQP URL of node, one of Nodes.
+func (c *Cluster) URL(tb testing.TB, node string) string {
+	tb.Helper()
+	return c.AMQPURLs[c.index(tb, node)]
+}
+
+func (c *Cluster) index(tb testing.TB, node string) int {
+	tb.Helper()
+	i := slices.Index(c.Nodes, node)
+	if i < 0 {
+		tb.Fatalf("testcluster: no node %q (nodes: %v)", node, c.Nodes)
+	}
+	return i
+}
+
+// Kill kills node with SIGKILL, as a crash or a lost host would, and returns
+// once its process is gone and its port closed. Unless the test started it
+// again, the node is started when the test ends.
+func (c *Cluster) Kill(tb testing.TB, node string) {
+	tb.Helper()
+	c.must(tb, "kill", node)
+	tb.Cleanup(func() {
+		if listening(hostOf(c.URL(tb, node))) {
+			return
+		}
+		if _, err := c.run(verbTimeout, "start", node); err != nil {
+			tb.Errorf("testcluster: restart %s after the test: %v", node, err)
+		}
+	})
+}
+
+// Start starts node and returns once it accepts connections. A node that was
+// killed rejoins its cluster by itself; its quorum queue members catch up
+// after that, see QuorumQueue.
+func (c *Cluster) Start(tb testing.TB, node string) {
+	tb.Helper()
+	c.must(tb, "start", node)
+}
+
+// Ctl runs rabbitmqctl against node with the cluster's environment (its
+// cookie, its epmd) and returns what it printed: for what the other methods
+// do not cover.
+func (c *Cluster) Ctl(tb testing.TB, node string, args ...string) string {
+	tb.Helper()
+	return c.must(tb, append([]string{"ctl", node}, args...)...)
+}
+
+// ctlAny runs rabbitmqctl on the first node that answers.
+func (c *Cluster) ctlAny(tb testing.TB, args ...string) string {
+	tb.Helper()
+	for i, node := range c.Nodes {
+		if listening(hostOf(c.AMQPURLs[i])) {
+			return c.Ctl(tb, node, args...)
+		}
+	}
+	tb.Fatalf("testcluster: no RabbitMQ node answers")
+	return ""
+}
+
+// Running returns the nodes running in the cluster as node sees them,
+// sorted.
+func (c *Cluster) Running(tb testing.TB, node string) []string {
+	tb.Helper()
+	out := c.Ctl(tb, node, "-q", "eval", "lists:sort(rabbit_nodes:all_running()).")
+	var nodes []string
+	for _, n := range strings.Split(strings.Trim(strings.Join(strings.Fields(out), ""), "[]"), ",") {
+		if n != "" {
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes
+}
+
+// Connection is a client's AMQP connection as the cluster lists it.
+type Connection struct {
+	// ClientName is the connection_name client property, if the client gave one.
+	ClientName string
+	// Name is the broker's name for it: "client address -> node address".
+	Name string
+	// Node is the node the connection is attached to.
+	Node string
+	// PeerPort is the client's own port.
+	PeerPort int
+}
+
+// Connections lists the AMQP connections of every running node.
+func (c *Cluster) Connections(tb testing.TB) []Connection {
+	tb.Helper()
+	out := c.ctlAny(tb, "-q", "list_connections", "name", "port", "peer_port", "client_properties", "--formatter", "json")
+	var rows []struct {
+		Name             string              `json:"name"`
+		Port             int                 `json:"port"`
+		PeerPort         int                 `json:"peer_port"`
+		ClientProperties [][]json.RawMessage `json:"client_properties"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		tb.Fatalf("testcluster: list_connections: %v in %q", err, out)
+	}
+	conns := make([]Connection, 0, len(rows))
+	for _, r := range rows {
+		conn := Connection{Name: r.Name, PeerPort: r.PeerPort, Node: c.nodeOnPort(r.Port)}
+		for _, p := range r.ClientProperties {
+			var key, value string
+			if len(p) == 3 && json.Unmarshal(p[0], &key) == nil && key == "connection_name" && json.Unmarshal(p[2], &value) == nil {
+				conn.ClientName = value
+			}
+		}
+		conns = append(conns, conn)
+	}
+	return conns
+}
+
+// nodeOnPort returns the node whose AMQP listener is port.
+func (c *Cluster) nodeOnPort(port int) string {
+	for i, u := range c.AMQPURLs {
+		if p, err := url.Parse(u); err == nil && p.Port() == strconv.Itoa(port) {
+			return c.Nodes[i]
+		}
+	}
+	return ""
+}
+
+// NodeOf returns the node that conn is attached to, as the cluster sees it
+// (so also through a proxy): the connection whose peer port is conn's local
+// port. It waits up to ten seconds for the connection to be listed.
+func (c *Cluster) NodeOf(tb testing.TB, conn *amqp.Connection) string {
+	tb.Helper()
+	addr, ok := conn.LocalAddr().(*net.TCPAddr)
+	if !ok || addr.Port == 0 {
+		tb.Fatalf("testcluster: connection has no local TCP address (%v)", conn.LocalAddr())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, listed := range c.Connections(tb) {
+			if listed.PeerPort == addr.Port {
+				return listed.Node
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("testcluster: no node lists a connection from port %d", addr.Port)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// QuorumQueue is where a quorum queue's replicas are.
+type QuorumQueue struct {
+	// Leader is the node of the member that leads, empty while there is none.
+	Leader string
+	// Members are the nodes holding a replica, sorted.
+	Members []string
+	// Online are the members that run, sorted.
+	Online []string
+}
+
+// QuorumQueue returns the replicas of the quorum queue name in the default
+// virtual host, as a running node sees them now; a test that waits for an
+// election or a member to catch up polls it.
+func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
+	tb.Helper()
+	out := c.ctlAny(tb, "-q", "list_queues", "name", "type", "leader", "members", "online", "--formatter", "json")
+	var rows []struct {
+		Name    string   `json:"name"`
+		Type    string   `json:"type"`
+		Leader  any      `json:"leader"`
+		Members []string `json:"members"`
+		Online  []string `json:"online"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		tb.Fatalf("testcluster: list_queues: %v in %q", err, out)
+	}
+	for _, r := range rows {
+		if r.Name != name {
+			continue
+		}
+		if r.Type != "quorum" {
+			tb.Fatalf("testcluster: queue %s is %s, not quorum", name, r.Type)
+		}
+		q := QuorumQueue{Members: r.Members, Online: r.Online}
+		if s, ok := r.Leader.(string); ok && slices.Contains(c.Nodes, s) {
+			q.Leader = s
+		}
+		slices.Sort(q.Members)
+		slices.Sort(q.Online)
+		return q
+	}
+	tb.Fatalf("testcluster: no queue %s", name)
+	return QuorumQueue{}
+}
