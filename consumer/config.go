@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/queuesource"
 )
 
@@ -29,13 +30,24 @@ const (
 )
 
 // Config configures a Consumer. Name and Pool are required, and Run needs
-// AMQPURL and Queue; every other field has the default its comment states.
+// the broker (AMQPURL or AMQPURLs) and Queue; every other field has the
+// default its comment states.
 // A stream consumer (package consumer/stream) takes the same Config, but
 // the fields that only a queue reads (those its comment says are "queue
 // only"), which stream.New refuses.
 type Config struct {
-	// AMQPURL is the broker URL, e.g. amqp://guest:guest@127.0.0.1:5672/.
+	// AMQPURL is the broker's URL when it is one node, e.g.
+	// amqp://guest:guest@127.0.0.1:5672/. Set it or AMQPURLs, not both. New
+	// refuses a malformed URL, and one that holds several (see AMQPURLs).
 	AMQPURL string
+
+	// AMQPURLs are the nodes of a RabbitMQ cluster, one URL each. Each
+	// session dials them in a shuffled order and keeps the first that
+	// answers; when a node goes, the session ends and the next one dials the
+	// others, the reconnect backoff running between rounds of the whole
+	// list. Credentials refused, or a vhost that does not exist, end Run
+	// within the first round. Every URL is logged with its password hidden.
+	AMQPURLs []string
 
 	// BatchMaxSize is the largest number of messages run in one transaction.
 	// Default: 200.
@@ -313,6 +325,11 @@ func (c *Config) QueueOnly() []string {
 
 // validate checks the fields every source needs.
 func (c *Config) validate() error {
+	if c.AMQPURL != "" || len(c.AMQPURLs) > 0 {
+		if _, err := amqpurl.Nodes(c.AMQPURL, c.AMQPURLs); err != nil {
+			return configError("%v", err)
+		}
+	}
 	switch {
 	case c.Name == "":
 		return configError("Name is required")
@@ -327,10 +344,17 @@ func (c *Config) validate() error {
 	return c.Tables.Validate()
 }
 
+// nodes are the broker's URLs, AMQPURL or AMQPURLs (validate checked them),
+// or none.
+func (c *Config) nodes() []string {
+	nodes, _ := amqpurl.Nodes(c.AMQPURL, c.AMQPURLs)
+	return nodes
+}
+
 // sourceConfig is the queue source's part of the configuration.
 func (c *Config) sourceConfig() queuesource.Config {
 	return queuesource.Config{
-		Name: c.Name, AMQPURL: c.AMQPURL, ConnectionName: c.ConnectionName,
+		Name: c.Name, AMQPURLs: c.nodes(), ConnectionName: c.ConnectionName,
 		Queue: c.Queue, RetryQueue: c.RetryQueue, DeadLetterQueue: c.DeadLetterQueue, QueueType: c.QueueType,
 		Declare: c.Topology == Declare, Passive: c.Topology == Passive, DeliveryLimit: c.DeliveryLimit,
 		Prefetch: c.Prefetch, Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,

@@ -27,7 +27,8 @@ type Consumer struct {
 }
 
 // New validates cfg, fills in defaults and returns a Consumer. It does not
-// connect: Run does, and Run needs AMQPURL and Queue; Process needs neither.
+// connect: Run does, and Run needs the broker (AMQPURL or AMQPURLs) and
+// Queue; Process needs neither.
 func New(cfg Config) (*Consumer, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
@@ -76,15 +77,16 @@ func (c *Consumer) Engine(engine.Key) *engine.Engine { return c.eng }
 // a context detached from ctx, bounded by ShutdownTimeout), leaves
 // deliveries that were never started unacked for the next consumer, closes,
 // and returns nil. It returns an error only for what reconnecting cannot
-// fix: credentials the broker refuses, no access to the vhost or the queue.
+// fix: credentials the broker refuses, a vhost that does not exist, no
+// access to the vhost or the queue, a queue declared with other arguments.
 func (c *Consumer) Run(ctx context.Context) error {
 	switch {
 	case c.eng.Config().Handler == nil:
 		return configError("no handler: call Handle before Run")
 	case c.src == nil:
 		return configError("Run needs Queue")
-	case c.cfg.AMQPURL == "":
-		return configError("Run needs AMQPURL")
+	case len(c.cfg.nodes()) == 0:
+		return configError("Run needs AMQPURL or AMQPURLs")
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run is already running")
@@ -100,8 +102,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // Declare connects once and sets up the topology as Config.Topology says,
 // so that publishers can start before the first worker does.
 func (c *Consumer) Declare(ctx context.Context) error {
-	if c.src == nil || c.cfg.AMQPURL == "" {
-		return configError("Declare needs AMQPURL and Queue")
+	if c.src == nil || len(c.cfg.nodes()) == 0 {
+		return configError("Declare needs AMQPURL or AMQPURLs, and Queue")
 	}
 	if err := c.src.Declare(ctx); err != nil {
 		return fmt.Errorf("consumer: declare: %w", err)

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/queuesource"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/internal/testrun"
 )
@@ -20,7 +19,8 @@ func TestBrokerPasswordNeverAppearsInLogsOrErrors(t *testing.T) {
 	var logs testrun.LogBuffer
 	c, err := New(Config{
 		Name: "secrets", Pool: pool, Queue: "q",
-		AMQPURL:           "amqp://user:s3cr3t-pa55@127.0.0.1:1/",
+		// Two nodes, two passwords: each URL of a list is redacted.
+		AMQPURLs:          []string{"amqp://user:s3cr3t-pa55@127.0.0.1:1/", "amqp://other:an0ther-pa55@127.0.0.1:2/"},
 		Logger:            slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		ReconnectMaxDelay: 20 * time.Millisecond,
 	})
@@ -30,10 +30,12 @@ func TestBrokerPasswordNeverAppearsInLogsOrErrors(t *testing.T) {
 	defer cancel()
 	require.NoError(t, c.Run(ctx))
 	require.Contains(t, logs.String(), "broker unavailable", "the test must have logged connection failures")
+	require.Contains(t, logs.String(), "127.0.0.1:2", "the test must have logged both nodes")
 	require.NotContains(t, logs.String(), "s3cr3t-pa55")
+	require.NotContains(t, logs.String(), "an0ther-pa55")
 
 	err = c.Declare(context.Background())
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cr3t-pa55")
-	require.Equal(t, "amqp://user:xxxxx@127.0.0.1:1/", queuesource.RedactURL("amqp://user:s3cr3t-pa55@127.0.0.1:1/"))
+	require.NotContains(t, err.Error(), "an0ther-pa55")
 }

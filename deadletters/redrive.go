@@ -5,8 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,18 +14,23 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/amqpurl"
 )
 
-// RedriveOptions say which dead-lettered messages Redrive moves back. AMQPURL,
-// Pool and Queue are required; the filters are optional and combine with AND.
+// RedriveOptions say which dead-lettered messages Redrive moves back. The
+// broker (AMQPURL or AMQPURLs), Pool and Queue are required; the filters are
+// optional and combine with AND.
 type RedriveOptions struct {
 	// AllowBeyondHorizon moves messages even when they may have lost their
 	// inbox row (see Redrive): the consumer will apply them as new. Only
 	// for messages you know were never applied. Default: false.
 	AllowBeyondHorizon bool
-	// AMQPURL is the broker, amqp://user:password@host:5672/vhost.
-	// Required; the command line reads IDEM_AMQP_URL.
+	// AMQPURL is the broker, amqp://user:password@host:5672/vhost, when it
+	// is one node. Set it or AMQPURLs; the command line reads IDEM_AMQP_URL.
 	AMQPURL string
+	// AMQPURLs are the nodes of a cluster, one URL each: Redrive dials them
+	// in a shuffled order and uses the first that answers.
+	AMQPURLs []string
 	// Consumer moves only messages this consumer dead-lettered (their
 	// x-idem-consumer header). Default: any.
 	Consumer string
@@ -147,9 +150,12 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if opts.DeadLetterQueue == "" {
 		opts.DeadLetterQueue = opts.Queue + ".dlq"
 	}
+	nodes, err := amqpurl.Nodes(opts.AMQPURL, opts.AMQPURLs)
 	switch {
-	case opts.AMQPURL == "", opts.Pool == nil, opts.Queue == "":
-		return RedriveResult{}, errors.New("deadletters: redrive: AMQPURL, Pool and Queue are required")
+	case err != nil:
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
+	case opts.Pool == nil, opts.Queue == "":
+		return RedriveResult{}, errors.New("deadletters: redrive: Pool and Queue are required")
 	case opts.Limit < 0:
 		return RedriveResult{}, errors.New("deadletters: redrive: Limit must not be negative")
 	case opts.DeadLetterQueue == opts.Queue:
@@ -163,9 +169,9 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if opts.brokerTimeout > 0 {
 		timeout = opts.brokerTimeout
 	}
-	conn, err := amqpconn.Dial(ctx, opts.AMQPURL, "idem-redrive", timeout)
+	conn, err := amqpconn.Dial(ctx, nodes, "idem-redrive", timeout)
 	if err != nil {
-		return RedriveResult{}, fmt.Errorf("deadletters: redrive: dial %s: %w", redact(opts.AMQPURL), scrub(err, opts.AMQPURL))
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
 	}
 	// Closing the connection hands every message still unacked (the chunk
 	// in hand when Redrive failed) back to the dead-letter queue.
@@ -450,29 +456,4 @@ func markSQL(t idem.Tables) string {
 WHERE id = (SELECT id FROM ` + dl + `
 	WHERE consumer = $1 AND payload_hash = $2 AND ($3::text IS NULL OR reason = $3::text) AND redriven_at IS NULL
 	ORDER BY id LIMIT 1 FOR UPDATE)`
-}
-
-// scrub replaces the password of raw in err's text, for errors that quote
-// the URL (the client's parse errors do); other errors are returned as they
-// are.
-func scrub(err error, raw string) error {
-	at := strings.LastIndex(raw, "@")
-	scheme := strings.Index(raw, "://")
-	if at < 0 || scheme < 0 || scheme+3 > at {
-		return err
-	}
-	_, pw, ok := strings.Cut(raw[scheme+3:at], ":")
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
-}
-
-// redact hides the password of a URL for errors.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparsable url>"
-	}
-	return u.Redacted()
 }

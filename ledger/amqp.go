@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/tracing"
 )
 
@@ -38,15 +37,21 @@ type Publishing struct {
 
 // AMQPConfig configures an AMQPExecutor.
 type AMQPConfig struct {
-	// Dial opens the connection. A call waits for it at most until the
-	// call's deadline (a later connection is closed), but cannot interrupt
-	// it. Default: amqp.DialConfig, with the connect and the handshake
-	// bounded by 10 seconds and by the deadline of the call that dials.
+	// Dial opens the connection to one node. A call waits for it at most
+	// until the call's deadline (a later connection is closed), but cannot
+	// interrupt it. Default: amqp.DialConfig, with the connect and the
+	// handshake bounded by 10 seconds and by the deadline of the call that
+	// dials.
 	Dial func(url string) (*amqp.Connection, error)
 	// Logger receives reconnection logs. Default: slog.Default().
 	Logger *slog.Logger
-	// URL is the broker's AMQP URL. Required.
+	// URL is the broker's AMQP URL when it is one node. Set it or URLs.
 	URL string
+	// URLs are the nodes of a RabbitMQ cluster, one URL each: each
+	// connection goes to the first of them, in a shuffled order, that
+	// answers, and after the connection dies the next one dials the list
+	// again.
+	URLs []string
 }
 
 // AMQPExecutor publishes effects whose Request is a Publishing: the
@@ -64,9 +69,9 @@ type AMQPConfig struct {
 // The executor owns its connection and channel: it dials on first use and
 // again after the connection or channel closes. Close it when done.
 type AMQPExecutor struct {
-	cfg    AMQPConfig
-	log    *slog.Logger
-	server []attribute.KeyValue // server.address and server.port of the broker
+	cfg   AMQPConfig
+	nodes []string // URL or URLs
+	log   *slog.Logger
 
 	mu      sync.Mutex // guards sess, dialing and closed; never held across a call into the client
 	sess    *amqpSession
@@ -75,18 +80,16 @@ type AMQPExecutor struct {
 }
 
 // NewAMQPExecutor returns an executor for cfg. It connects on first use.
+// It refuses a malformed URL, and a URL that holds several (use URLs).
 func NewAMQPExecutor(cfg AMQPConfig) (*AMQPExecutor, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("ledger: AMQPConfig.URL is required")
+	nodes, err := amqpurl.Nodes(cfg.URL, cfg.URLs)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: AMQPConfig: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	e := &AMQPExecutor{cfg: cfg, log: cfg.Logger}
-	if u, err := amqp.ParseURI(cfg.URL); err == nil {
-		e.server = tracing.ServerAddress(net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), 0)
-	}
-	return e, nil
+	return &AMQPExecutor{cfg: cfg, nodes: nodes, log: cfg.Logger}, nil
 }
 
 // DeduplicatesByKey returns true: the message id is the effect id, and idem
@@ -119,7 +122,7 @@ func (e *AMQPExecutor) Execute(ctx context.Context, call Call) (Result, error) {
 		return Result{Status: StatusFailedTerminal}, fmt.Errorf("ledger: amqp %s: request is not a Publishing: %w", call.EffectID, err)
 	}
 	name, attrs := publishAttrs(p, call)
-	ctx, span := startCallSpan(ctx, name, trace.SpanKindProducer, append(attrs, e.server...)...)
+	ctx, span := startCallSpan(ctx, name, trace.SpanKindProducer, attrs...)
 	res, errorType, err := e.publish(ctx, p, call)
 	endCallSpan(span, res, errorType, err)
 	return res, err
@@ -132,6 +135,7 @@ func (e *AMQPExecutor) publish(ctx context.Context, p Publishing, call Call) (Re
 	if err != nil {
 		return Result{Status: StatusFailedRetryable}, "connect", fmt.Errorf("ledger: amqp %s: connect: %w", call.EffectID, err)
 	}
+	trace.SpanFromContext(ctx).SetAttributes(s.server...)
 	headers := amqp.Table{}
 	for k, v := range p.Headers {
 		headers[k] = v

@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem/internal/amqpconn"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/amqpurl"
+	"github.com/idemkit/idem/internal/tracing"
 )
 
 const (
@@ -64,7 +70,7 @@ func (e *AMQPExecutor) session(ctx context.Context) (*amqpSession, error) {
 		e.dialing = done
 		e.mu.Unlock()
 
-		s, err := dialSession(ctx, e.cfg)
+		s, err := dialSession(ctx, e.cfg, e.nodes)
 
 		e.mu.Lock()
 		e.dialing = nil
@@ -91,8 +97,9 @@ type amqpSession struct {
 	blocked atomic.Pointer[string] // the broker's reason while it blocks the connection
 	broken  atomic.Bool            // a publish failed in the client: the connection is being torn down
 
-	mu       sync.Mutex        // guards returned
-	returned map[string]string // message id → reply text of a return not yet claimed
+	mu       sync.Mutex           // guards returned
+	returned map[string]string    // message id → reply text of a return not yet claimed
+	server   []attribute.KeyValue // server.address and server.port of the node, for spans
 }
 
 // returnsBuffer bounds the returns waiting to be drained. The client drops a
@@ -103,13 +110,16 @@ const returnsBuffer = 4096
 // dialSession dials and sets up a session within ctx: when ctx ends first,
 // the connection is closed, which ends the handshake or the set-up waiting
 // for the broker, and dialSession returns.
-func dialSession(ctx context.Context, cfg AMQPConfig) (*amqpSession, error) {
-	conn, err := dial(ctx, cfg)
+func dialSession(ctx context.Context, cfg AMQPConfig, nodes []string) (*amqpSession, error) {
+	conn, node, err := dial(ctx, cfg, nodes)
 	if err != nil {
 		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.CloseDeadline(time.Now()) })
 	s, err := setUp(conn)
+	if err == nil {
+		s.server = serverAttrs(node)
+	}
 	if !stop() {
 		return nil, fmt.Errorf("set up the channel: %w", context.Cause(ctx))
 	}
@@ -147,37 +157,64 @@ func setUp(conn *amqp.Connection) (*amqpSession, error) {
 	return s, nil
 }
 
-// dial opens a connection within ctx. idem's own dial closes its socket
-// when ctx ends; a custom Dial cannot be interrupted, so dial stops waiting
-// for it and closes what it returns too late.
-func dial(ctx context.Context, cfg AMQPConfig) (*amqp.Connection, error) {
-	if cfg.Dial != nil {
-		type dialed struct {
-			conn *amqp.Connection
-			err  error
+// dial opens a connection within ctx to the first node that answers, in a
+// shuffled order, and returns the URL it reached. idem's own dial closes
+// its socket when ctx ends; a custom Dial cannot be interrupted, so dial
+// stops waiting for it and closes what it returns too late.
+func dial(ctx context.Context, cfg AMQPConfig, nodes []string) (*amqp.Connection, string, error) {
+	if cfg.Dial == nil {
+		conn, _, node, err := amqpconn.DialAny(ctx, nodes, amqp.Config{}, amqpDialTimeout, nil)
+		if err != nil {
+			return nil, "", fmt.Errorf("dial: %w", err)
 		}
-		out := make(chan dialed, 1)
+		return conn, node, nil
+	}
+	var fails []error
+	for _, node := range amqpurl.Shuffled(nodes) {
+		conn, err := dialWith(ctx, cfg.Dial, node)
+		if err == nil {
+			return conn, node, nil
+		}
+		if ctx.Err() != nil {
+			return nil, "", err
+		}
+		fails = append(fails, fmt.Errorf("%s: %w", amqpurl.Redact(node), err))
+	}
+	return nil, "", fmt.Errorf("dial: %w", errors.Join(fails...))
+}
+
+// dialWith runs a custom Dial of node, waiting for it until ctx ends.
+func dialWith(ctx context.Context, dialNode func(string) (*amqp.Connection, error), node string) (*amqp.Connection, error) {
+	type dialed struct {
+		conn *amqp.Connection
+		err  error
+	}
+	out := make(chan dialed, 1)
+	go func() {
+		conn, err := dialNode(node)
+		out <- dialed{conn, err}
+	}()
+	select {
+	case d := <-out:
+		return d.conn, d.err
+	case <-ctx.Done():
 		go func() {
-			conn, err := cfg.Dial(cfg.URL)
-			out <- dialed{conn, err}
+			if d := <-out; d.err == nil {
+				_ = d.conn.CloseDeadline(time.Now().Add(amqpCloseTimeout))
+			}
 		}()
-		select {
-		case d := <-out:
-			return d.conn, d.err
-		case <-ctx.Done():
-			go func() {
-				if d := <-out; d.err == nil {
-					_ = d.conn.CloseDeadline(time.Now().Add(amqpCloseTimeout))
-				}
-			}()
-			return nil, fmt.Errorf("dial: %w", context.Cause(ctx))
-		}
+		return nil, fmt.Errorf("dial: %w", context.Cause(ctx))
 	}
-	conn, _, err := amqpconn.DialWithin(ctx, cfg.URL, amqp.Config{}, amqpDialTimeout, nil)
+}
+
+// serverAttrs are the span attributes server.address and server.port of
+// the node at rawURL.
+func serverAttrs(rawURL string) []attribute.KeyValue {
+	u, err := amqp.ParseURI(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("dial: %w", err)
+		return nil
 	}
-	return conn, nil
+	return tracing.ServerAddress(net.JoinHostPort(u.Host, strconv.Itoa(u.Port)), 0)
 }
 
 // dead reports whether the session can no longer publish: its channel

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/safetext"
 )
@@ -76,7 +77,7 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&o.Operator, "operator", currentUser(), "who redrives, recorded on each dead-letter row")
 	fs.BoolVar(&o.AllowBeyondHorizon, "allow-beyond-horizon", false,
 		"also move messages that entered the dead-letter queue before the consumer's inbox horizon: they will be applied as new")
-	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL (default: $IDEM_AMQP_URL)")
+	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -84,11 +85,16 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	if o.Queue == "" {
 		return fmt.Errorf("%w: want --queue Q", errUsage)
 	}
-	if o.AMQPURL = *amqpURL; o.AMQPURL == "" {
-		o.AMQPURL = os.Getenv("IDEM_AMQP_URL")
+	list := *amqpURL
+	if list == "" {
+		list = os.Getenv("IDEM_AMQP_URL")
 	}
-	if o.AMQPURL == "" {
+	if list == "" {
 		return fmt.Errorf("%w: no broker: set IDEM_AMQP_URL or --amqp-url", errUsage)
+	}
+	var err error
+	if o.AMQPURLs, err = amqpnodes.Split(list); err != nil {
+		return fmt.Errorf("%w: --amqp-url or IDEM_AMQP_URL: %w", errUsage, err)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {

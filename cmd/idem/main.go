@@ -15,7 +15,7 @@
 // after the arguments (idem ledger show ID --json); -- ends the flags. The database is
 // --pg-url, else IDEM_PG_URL, else the libpq environment (PGHOST, PGPORT,
 // PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, …); the broker, for redrive, is
-// --amqp-url, else IDEM_AMQP_URL.
+// --amqp-url, else IDEM_AMQP_URL (a cluster: its node URLs, comma-separated).
 //
 // Tables and messages show what is not printable escaped, as Go writes it
 // (\x1b, \u202e, \x0a): ids, reasons and errors come from producers and
@@ -239,5 +239,5 @@ func usage(w io.Writer) {
 Run 'idem COMMAND --help' for a command's flags. The database is --pg-url,
 else IDEM_PG_URL, else the PG* environment (PGHOST, PGPORT, PGUSER,
 PGPASSWORD, PGDATABASE, PGSSLMODE). The broker, for redrive, is --amqp-url,
-else IDEM_AMQP_URL.`)
+else IDEM_AMQP_URL: one URL, or a cluster's node URLs separated by commas.`)
 }

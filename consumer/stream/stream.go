@@ -22,8 +22,10 @@ import (
 type Config struct {
 	// Stream is the RabbitMQ stream to read. Required.
 	Stream string
-	// URL is the stream protocol URL. Default: IDEM_STREAM_URL, else
-	// derived from the consumer's AMQPURL (same credentials, host and
+	// URL is the stream protocol URL, or the URLs of a cluster's nodes
+	// separated by commas: each connection goes to the first of them, in a
+	// shuffled order, that answers. Default: IDEM_STREAM_URL, else derived
+	// from the consumer's AMQPURL or AMQPURLs (same credentials, hosts and
 	// vhost, port 5552), else rabbitmq-stream://guest:guest@127.0.0.1:5552/.
 	URL string
 }
@@ -51,7 +53,11 @@ func New(c *consumer.Consumer, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: a stream consumer reads no queue; leave %s unset (queue only)", consumer.ErrConfig,
 			strings.Join(set, ", "))
 	}
-	url, err := resolveURL(cfg.URL, ccfg.AMQPURL)
+	var amqpURLs []string
+	if ccfg.AMQPURL != "" {
+		amqpURLs = []string{ccfg.AMQPURL}
+	}
+	url, err := resolveURL(cfg.URL, append(amqpURLs, ccfg.AMQPURLs...))
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +73,8 @@ func (s *Consumer) Consumer() *consumer.Consumer { return s.c }
 // Stream is the stream s reads.
 func (s *Consumer) Stream() string { return s.stream }
 
-// URL is the stream protocol URL s reads from.
+// URL is the stream protocol URL s reads from (several, comma-separated,
+// for a cluster).
 func (s *Consumer) URL() string { return s.url }
 
 // Engine gives the module's replay package the consumer's runtime; its
@@ -102,15 +109,15 @@ func (s *Consumer) Run(ctx context.Context) error {
 }
 
 // resolveURL is the stream protocol URL: url, else IDEM_STREAM_URL, else
-// derived from amqpURL.
-func resolveURL(url, amqpURL string) (string, error) {
+// derived from amqpURLs.
+func resolveURL(url string, amqpURLs []string) (string, error) {
 	switch {
 	case url != "":
 		return url, nil
-	case os.Getenv("IDEM_STREAM_URL") != "" || amqpURL == "":
+	case os.Getenv("IDEM_STREAM_URL") != "" || len(amqpURLs) == 0:
 		return streamio.URLFromEnv(), nil
 	default:
-		return streamio.StreamURL(amqpURL)
+		return streamio.StreamURLs(amqpURLs)
 	}
 }
 

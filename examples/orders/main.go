@@ -21,7 +21,9 @@
 //	{"orderId":"o-17","version":2,"type":"OrderPaid"}
 //
 // IDEM_PG_URL and IDEM_AMQP_URL (and IDEM_STREAM_URL, when the stream port
-// is not the AMQP host's 5552) say where PostgreSQL and RabbitMQ are.
+// is not the AMQP host's 5552) say where PostgreSQL and RabbitMQ are; for a
+// RabbitMQ cluster, IDEM_AMQP_URL (or -amqp-url) lists its nodes' URLs,
+// comma-separated.
 package main
 
 import (
@@ -34,6 +36,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/replay"
 	"github.com/idemkit/idem/replay/replaycmd"
 )
@@ -50,10 +53,11 @@ func main() {
 
 // options are the settings every command shares.
 type options struct {
-	pgURL, amqpURL, schema, stream, mailURL string
-	streamURL                               string // default: derived from amqpURL, or IDEM_STREAM_URL
-	healthAddr                              string // worker: where the probes are served
-	logger                                  *slog.Logger
+	pgURL, schema, stream, mailURL string
+	amqpURL                        string // one URL, or a cluster's node URLs separated by commas
+	streamURL                      string // default: derived from amqpURL, or IDEM_STREAM_URL
+	healthAddr                     string // worker: where the probes are served
+	logger                         *slog.Logger
 }
 
 const usage = "usage: orders [-schema orders] [-stream orders.events] [-mail URL] publish|mailstub|worker|replay [flags]"
@@ -66,7 +70,11 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.schema, "schema", "orders", "schema for idem's tables and the projection")
 	fs.StringVar(&o.stream, "stream", "orders.events", "the stream of order events")
 	fs.StringVar(&o.mailURL, "mail", "http://127.0.0.1:8025/send", "where the shipped e-mails are sent (see mailstub)")
+	fs.StringVar(&o.amqpURL, "amqp-url", o.amqpURL, "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if _, err := amqpnodes.Split(o.amqpURL); err != nil {
 		return err
 	}
 	args = fs.Args()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/ledger"
@@ -74,10 +75,14 @@ func newOverview(o options) (*projection.Projection, error) {
 // newConsumer builds the projection's stream consumer.
 func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*stream.Consumer, error) {
 	tables := idem.Tables{Schema: o.schema}
+	nodes, err := amqpnodes.Split(o.amqpURL)
+	if err != nil {
+		return nil, err
+	}
 	c, err := consumer.New(consumer.Config{
 		Name:        consumerName,
 		Pool:        pool,
-		AMQPURL:     o.amqpURL,
+		AMQPURLs:    nodes,
 		Tables:      tables,
 		Logger:      o.logger,
 		BusinessKey: orderKey,

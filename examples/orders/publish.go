@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 // publishConfig says what publish sends.
@@ -109,7 +111,11 @@ const confirmWindow = 1000
 // timestamp properties become the stream records' message-id and
 // creation-time.
 func publish(ctx context.Context, o options, msgs []message) (int, error) {
-	conn, err := amqp.DialConfig(o.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "orders-publish"}})
+	nodes, err := amqpnodes.Split(o.amqpURL)
+	if err != nil {
+		return 0, err
+	}
+	conn, _, err := amqpnodes.Dial(ctx, nodes, amqp.Config{Properties: amqp.Table{"connection_name": "orders-publish"}})
 	if err != nil {
 		return 0, fmt.Errorf("publish: connect to RabbitMQ: %w", err)
 	}

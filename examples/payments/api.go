@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
@@ -134,7 +135,11 @@ func newAPI(cfg apiConfig) (*api, error) {
 	if err != nil {
 		return nil, err
 	}
-	pub, err := ledger.NewAMQPExecutor(ledger.AMQPConfig{URL: cfg.amqpURL, Logger: cfg.logger})
+	nodes, err := amqpnodes.Split(cfg.amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := ledger.NewAMQPExecutor(ledger.AMQPConfig{URLs: nodes, Logger: cfg.logger})
 	if err != nil {
 		return nil, err
 	}

@@ -403,9 +403,9 @@ func queueDepth(amqpURL, queue string) (int, error) {
 }
 
 func withChannel(amqpURL string, fn func(*amqp.Channel) error) error {
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := dialBroker(context.Background(), amqpURL)
 	if err != nil {
-		return fmt.Errorf("connect to rabbitmq: %w", err)
+		return err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()

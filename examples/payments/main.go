@@ -27,7 +27,9 @@
 //
 //	{"schemaVersion":1,"captureRequestId":"cr-1","orderId":"o-1","amount":1234,"currency":"EUR"}
 //
-// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are.
+// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are; for a
+// RabbitMQ cluster, IDEM_AMQP_URL (or -amqp-url) lists its nodes' URLs,
+// comma-separated.
 package main
 
 import (

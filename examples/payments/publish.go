@@ -74,9 +74,9 @@ func publish(ctx context.Context, cfg publishConfig) (published, error) {
 	var run [4]byte
 	_, _ = rand.Read(run[:])
 	res := published{prefix: "pay-" + hex.EncodeToString(run[:]), deadLetters: map[string]int{}}
-	conn, err := amqp.Dial(cfg.amqpURL)
+	conn, err := dialBroker(ctx, cfg.amqpURL)
 	if err != nil {
-		return res, fmt.Errorf("connect to rabbitmq: %w", err)
+		return res, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
@@ -168,10 +168,10 @@ func runPublish(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("payments publish", flag.ContinueOnError)
 	cfg := publishFlags(fs)
 	fs.BoolVar(&cfg.bad, "bad", false, "also send invalid envelopes and a message id reused with another payload")
+	amqpURLFlag(fs, &cfg.amqpURL)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.amqpURL = envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	start := time.Now()
 	res, err := publish(ctx, *cfg)
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -24,20 +26,43 @@ const (
 	consumerName = "payments"
 )
 
-// services says where PostgreSQL and RabbitMQ are (IDEM_PG_URL, IDEM_AMQP_URL)
-// and which schema holds the tables (-schema).
+// services says where PostgreSQL and RabbitMQ are (IDEM_PG_URL;
+// -amqp-url, else IDEM_AMQP_URL) and which schema holds the tables
+// (-schema).
 type services struct {
-	pgURL, amqpURL, schema string
+	pgURL, schema string
+	// amqpURL is the broker: one URL, or a cluster's node URLs separated
+	// by commas.
+	amqpURL string
 }
 
-// serviceFlags registers -schema on fs and reads the URLs from the environment.
+// serviceFlags registers -schema and -amqp-url on fs and reads the URLs'
+// defaults from the environment.
 func serviceFlags(fs *flag.FlagSet) *services {
-	s := &services{
-		pgURL:   envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL: envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-	}
+	s := &services{pgURL: envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable")}
 	fs.StringVar(&s.schema, "schema", defaultSchema, "PostgreSQL schema for idem's tables and the payments table")
+	amqpURLFlag(fs, &s.amqpURL)
 	return s
+}
+
+// amqpURLFlag registers -amqp-url on fs, defaulting to IDEM_AMQP_URL.
+func amqpURLFlag(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "amqp-url", envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		"RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
+}
+
+// dialBroker connects to the first node of list (see services.amqpURL)
+// that answers.
+func dialBroker(ctx context.Context, list string) (*amqp.Connection, error) {
+	urls, err := amqpnodes.Split(list)
+	if err != nil {
+		return nil, err
+	}
+	conn, _, err := amqpnodes.Dial(ctx, urls, amqp.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("connect to rabbitmq: %w", err)
+	}
+	return conn, nil
 }
 
 // open connects to PostgreSQL, applies idem's migrations to the schema and

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
@@ -55,13 +56,17 @@ func newWorker(cfg workerConfig) (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	nodes, err := amqpnodes.Split(cfg.amqpURL)
+	if err != nil {
+		return nil, err
+	}
 	ccfg := consumer.Config{
-		AMQPURL: cfg.amqpURL,
-		Name:    consumerName,
-		Pool:    cfg.pool,
-		Queue:   cfg.queue,
-		Tables:  cfg.tables,
-		Logger:  cfg.logger,
+		AMQPURLs: nodes,
+		Name:     consumerName,
+		Pool:     cfg.pool,
+		Queue:    cfg.queue,
+		Tables:   cfg.tables,
+		Logger:   cfg.logger,
 	}
 	if cfg.tuneConsumer != nil {
 		cfg.tuneConsumer(&ccfg)

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 // demo runs a worker in this process, publishes deposits with duplicates and
@@ -35,7 +36,7 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 	}
 	// Leftovers of an interrupted run would change the balances under the
 	// check: the demo starts from an empty queue.
-	if n, err := purge(o); err != nil {
+	if n, err := purge(ctx, o); err != nil {
 		return err
 	} else if n > 0 {
 		logger.Info("purged leftover messages", "queue", o.queue, "messages", n)
@@ -61,11 +62,11 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	bad, err := publishBad(ctx, o)
+	sent, bad, err := publishBad(ctx, o)
 	if err != nil {
 		return err
 	}
-	total := int64(pub.messages + bad)
+	total := int64(pub.messages + sent)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		s := c.Stats()
@@ -93,7 +94,7 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 
 	s := c.Stats()
 	fmt.Printf("\nidem quickstart demo\n")
-	fmt.Printf("  messages published   %6d  (%d deposits, %d re-published, %d bad)\n", total, o.n, pub.messages-o.n, bad)
+	fmt.Printf("  messages published   %6d  (%d deposits, %d re-published, %d bad)\n", total, o.n, pub.messages-o.n, sent)
 	fmt.Printf("  processed            %6d\n", s.Processed)
 	fmt.Printf("  duplicates skipped   %6d\n", s.Duplicates)
 	fmt.Printf("  dead-lettered        %6d  (%d conflict; rows in %s: %d)\n", s.DeadLettered, s.Conflicts,
@@ -123,19 +124,20 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 }
 
 // publishBad sends one undecodable body, one reuse of an id with another
-// payload, and one message without an id. All three must be dead-lettered.
-func publishBad(ctx context.Context, o options) (int, error) {
-	conn, err := amqp.Dial(o.amqpURL)
+// payload (after its first copy), and one message without an id: sent
+// messages, of which bad must be dead-lettered.
+func publishBad(ctx context.Context, o options) (sent, bad int, err error) {
+	conn, _, err := amqpnodes.Dial(ctx, o.amqpURLs, amqp.Config{})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := ch.Confirm(false); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	id := fmt.Sprintf("bad-%d", time.Now().UnixNano())
 	msgs := []amqp.Publishing{
@@ -148,19 +150,19 @@ func publishBad(ctx context.Context, o options) (int, error) {
 		m.DeliveryMode = amqp.Persistent
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, m)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-			return 0, fmt.Errorf("publish bad message %d: confirmed=%v: %v", i, ok, err)
+			return 0, 0, fmt.Errorf("publish bad message %d: confirmed=%v: %v", i, ok, err)
 		}
 	}
 	// Whichever conflict copy is claimed first is processed (both add 0); the
 	// other is the conflict.
-	return len(msgs) - 1, nil
+	return len(msgs), len(msgs) - 1, nil
 }
 
-func purge(o options) (int, error) {
-	conn, err := amqp.Dial(o.amqpURL)
+func purge(ctx context.Context, o options) (int, error) {
+	conn, _, err := amqpnodes.Dial(ctx, o.amqpURLs, amqp.Config{})
 	if err != nil {
 		return 0, err
 	}

@@ -19,7 +19,7 @@ func TestDemoEveryBalanceGrowsByItsDistinctDeposits(t *testing.T) {
 	testbroker.Dial(t)     // the same for RabbitMQ
 	schema := testdb.Name(t, "qs")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
-	o := options{pgURL: testdb.URL(), amqpURL: testbroker.URL(), queue: testbroker.Queue(t), schema: schema,
+	o := options{pgURL: testdb.URL(), amqpURLs: []string{testbroker.URL()}, queue: testbroker.Queue(t), schema: schema,
 		n: 1000, dup: 0.3, accounts: 7}
 	if err := demo(context.Background(), o, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)

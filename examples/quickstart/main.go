@@ -7,7 +7,10 @@
 //	go run ./examples/quickstart demo    [-n 10000] [-dup 0.3]
 //
 // Messages are JSON {"account":"A1","amount":5} with the AMQP message-id set.
-// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are.
+// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are; for a
+// RabbitMQ cluster, IDEM_AMQP_URL (or -amqp-url) lists its nodes' URLs,
+// comma-separated, and the worker keeps consuming through the others when
+// the node it uses goes.
 package main
 
 import (
@@ -19,6 +22,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 func main() {
@@ -42,8 +47,9 @@ func run(ctx context.Context, args []string) error {
 		return nil
 	}
 	fs := flag.NewFlagSet("quickstart "+args[0], flag.ContinueOnError)
-	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL: env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")}
+	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable")}
+	amqpURL := env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	fs.StringVar(&amqpURL, "amqp-url", amqpURL, "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
 	fs.StringVar(&o.queue, "queue", "quickstart.deposits", "queue to consume / publish to")
 	fs.StringVar(&o.schema, "schema", "quickstart", "schema for idem's tables and the balances")
 	fs.IntVar(&o.n, "n", 10000, "deposits to publish")
@@ -52,6 +58,10 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "worker: serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", "", "worker: serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
 	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	var err error
+	if o.amqpURLs, err = amqpnodes.Split(amqpURL); err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -69,11 +79,12 @@ func run(ctx context.Context, args []string) error {
 }
 
 type options struct {
-	pgURL, amqpURL, queue, schema string
-	metricsAddr                   string
-	healthAddr                    string
-	n, accounts                   int
-	dup                           float64
+	pgURL, queue, schema string
+	amqpURLs             []string // the broker's nodes
+	metricsAddr          string
+	healthAddr           string
+	n, accounts          int
+	dup                  float64
 }
 
 func env(key, def string) string {

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 // published is what a publish run sent: the deposits it expects applied.
@@ -23,7 +25,7 @@ type published struct {
 // time with the same id and body, using publisher confirms.
 func publish(ctx context.Context, o options, logger *slog.Logger) (published, error) {
 	res := published{expected: map[string]int64{}}
-	conn, err := amqp.Dial(o.amqpURL)
+	conn, _, err := amqpnodes.Dial(ctx, o.amqpURLs, amqp.Config{})
 	if err != nil {
 		return res, fmt.Errorf("connect to rabbitmq: %w", err)
 	}

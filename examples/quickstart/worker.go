@@ -51,12 +51,12 @@ func balancesTable(t idem.Tables) string { return pgx.Identifier{t.Schema, "bala
 // newConsumer builds the deposit worker.
 func newConsumer(o options, pool *pgxpool.Pool, tables idem.Tables, logger *slog.Logger) (*consumer.Consumer, error) {
 	c, err := consumer.New(consumer.Config{
-		AMQPURL: o.amqpURL,
-		Name:    "quickstart",
-		Pool:    pool,
-		Queue:   o.queue,
-		Tables:  tables,
-		Logger:  logger,
+		AMQPURLs: o.amqpURLs,
+		Name:     "quickstart",
+		Pool:     pool,
+		Queue:    o.queue,
+		Tables:   tables,
+		Logger:   logger,
 		// Deposits to one account go to one worker, in order, so batches
 		// running in parallel never increment the same row: the deferred
 		// increments below never wait for each other's locks.

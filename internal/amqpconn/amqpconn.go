@@ -2,7 +2,8 @@
 // dial and handshake (DialWithin, for every AMQP connection idem dials), each
 // synchronous call (Bound), each write (WriteDeadline), and, for the
 // short-lived connections of idem's operator tools, all of them at once
-// (Dial and Conn).
+// (Dial and Conn). DialAny dials a cluster: the first node of a shuffled
+// list that answers.
 //
 // amqp091 clears the dial deadline once the handshake is done, so a write to
 // a broker that stopped reading (RabbitMQ blocks publishing connections on a
@@ -34,15 +35,15 @@ type Conn struct {
 	stop    func() bool
 }
 
-// Dial opens a connection to rawURL named name. The TCP connect and the
-// handshake, each write, each Call and Close are bounded by timeout; when
-// ctx ends, the socket is closed, which ends any call pending on it. Close
-// the Conn when done, even after ctx ended. Errors do not quote rawURL,
-// except the client's own URL parse errors: redact them.
-func Dial(ctx context.Context, rawURL, name string, timeout time.Duration) (*Conn, error) {
+// Dial opens a connection named name to one of the nodes of urls (see
+// DialAny). The TCP connect and the handshake, each write, each Call and
+// Close are bounded by timeout; when ctx ends, the socket is closed, which
+// ends any call pending on it. Close the Conn when done, even after ctx
+// ended. Errors quote no password.
+func Dial(ctx context.Context, urls []string, name string, timeout time.Duration) (*Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	conn, sock, err := DialWithin(ctx, rawURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, timeout,
+	conn, sock, _, err := DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, timeout,
 		func(c net.Conn) net.Conn { return WriteDeadline(c, timeout) })
 	if err != nil {
 		return nil, err

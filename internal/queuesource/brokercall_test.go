@@ -34,7 +34,7 @@ func deafBroker(t *testing.T, class, method uint16) *testbroker.Proxy {
 // to connect, declare and consume.
 func testSource(t *testing.T, url, q string, commitTimeout time.Duration) *Source {
 	return New(Config{
-		Name: "brokercall", AMQPURL: url, ConnectionName: "idem-test-" + q,
+		Name: "brokercall", AMQPURLs: []string{url}, ConnectionName: "idem-test-" + q,
 		Queue: q, RetryQueue: q + ".retry", DeadLetterQueue: q + ".dlq", QueueType: "classic",
 		Declare: true, Prefetch: 10, Workers: 1, BatchMaxSize: 10, MaxBufferedBytes: 1 << 20,
 		CommitTimeout: commitTimeout, Logger: slog.New(slog.DiscardHandler),

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +25,7 @@ import (
 // context is cancelled, and with it the handlers of its deliveries.
 type session struct {
 	gen     uint64
+	node    string           // the URL both connections reached
 	conn    *amqp.Connection // consume
 	sock    net.Conn         // conn's socket, closed to end a call that hangs
 	ch      *amqp.Channel
@@ -118,24 +119,17 @@ func (s *session) notifications() signals {
 // Run returns them.
 var ErrFatal = errors.New("fatal broker error")
 
-// RedactURL hides the password of an AMQP URL for logs and errors.
-func RedactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<unparseable url>"
-	}
-	return u.Redacted()
-}
-
-// dial opens a connection; g, when set, gates its socket. It returns the
-// socket too, as the client uses it (writes with a deadline, reads behind
-// the gate): closing it is how brokerCall ends a call that hangs. The TCP
-// connect and the AMQP handshake are bounded by dialTimeout, and end early
-// when ctx does.
-func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connection, net.Conn, error) {
+// dial opens a connection to the first node of urls that answers, in a
+// shuffled order (amqpconn.DialAny); g, when set, gates its socket. It
+// returns the socket too, as the client uses it (writes with a deadline,
+// reads behind the gate): closing it is how brokerCall ends a call that
+// hangs. Each node's TCP connect and AMQP handshake are bounded by
+// dialTimeout, and end early when ctx does. A refusal that dialling again
+// cannot change (credentials, a vhost that does not exist) is ErrFatal.
+func (src *Source) dial(ctx context.Context, name string, g *gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	conn, sock, err := amqpconn.DialWithin(ctx, src.cfg.AMQPURL, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
+	conn, sock, node, err := amqpconn.DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
 		func(c net.Conn) net.Conn {
 			// A write that cannot go out within CommitTimeout (the broker
 			// blocks publishers on a memory or disk alarm, a half-open
@@ -148,13 +142,12 @@ func (src *Source) dial(ctx context.Context, name string, g *gate) (*amqp.Connec
 			return c
 		})
 	if err != nil {
-		err = fmt.Errorf("dial %s: %w", RedactURL(src.cfg.AMQPURL), err)
-		if isAccessRefused(err) { // credentials, vhost access, SASL: all access-refused
-			return nil, nil, fmt.Errorf("%w: %w", ErrFatal, err)
+		if errors.Is(err, amqpconn.ErrRefused) {
+			return nil, nil, "", fmt.Errorf("%w: %w", ErrFatal, err)
 		}
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	return conn, sock, nil
+	return conn, sock, node, nil
 }
 
 // dialTimeout bounds the TCP connect and the AMQP handshake.
@@ -169,9 +162,24 @@ func (src *Source) brokerCall(ctx context.Context, sock net.Conn, call func() er
 	return amqpconn.Bound(ctx, sock, src.cfg.CommitTimeout, call)
 }
 
-func isAccessRefused(err error) bool {
+// fatal reports whether a broker's answer to a topology or consume call is
+// one that reconnecting cannot fix: access refused, a queue that exists
+// with other arguments, a queue that does not exist. A queue whose node is
+// down (a classic queue's home node, a quorum queue without a leader yet)
+// is not fatal: it comes back with its node, or with an election.
+func fatal(err error) bool {
 	var ae *amqp.Error
-	return errors.As(err, &ae) && ae.Code == amqp.AccessRefused
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case amqp.AccessRefused, amqp.PreconditionFailed:
+		return true
+	case amqp.NotFound:
+		return !strings.Contains(ae.Reason, "down") && !strings.Contains(ae.Reason, "not available") &&
+			!strings.Contains(ae.Reason, "inaccessible")
+	}
+	return false
 }
 
 // connect opens a session and sets up its channels and the topology. Each
@@ -179,11 +187,11 @@ func isAccessRefused(err error) bool {
 // the session's batches run on a context derived from work.
 func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
 	g := newGate(src.cfg.MaxBufferedBytes)
-	conn, sock, err := src.dial(ctx, src.cfg.ConnectionName, g)
+	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, g, src.cfg.AMQPURLs)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{gen: gen, conn: conn, sock: sock, gate: g, dead: make(chan struct{})}
+	s := &session{gen: gen, node: node, conn: conn, sock: sock, gate: g, dead: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancelCause(work)
 	defer func() {
 		if err != nil {
@@ -196,8 +204,7 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 		}
 	}()
 	fail := func(what string, err error) error {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && (ae.Code == amqp.PreconditionFailed || ae.Code == amqp.AccessRefused || ae.Code == amqp.NotFound) {
+		if fatal(err) {
 			return fmt.Errorf("%w: %s: %v", ErrFatal, what, err)
 		}
 		return fmt.Errorf("%s: %w", what, err)
@@ -205,14 +212,16 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 	if err := src.brokerCall(ctx, sock, func() (err error) { s.ch, err = conn.Channel(); return err }); err != nil {
 		return nil, fail("open channel", err)
 	}
-	if err := src.brokerCall(ctx, sock, func() error { return src.declare(s.ch) }); err != nil {
+	if err := src.brokerCall(ctx, sock, func() (err error) { s.ch, err = src.declare(conn, s.ch); return err }); err != nil {
 		return nil, fail("topology", err)
 	}
 	if err := src.brokerCall(ctx, sock, func() error { return s.ch.Qos(src.cfg.Prefetch, 0, false) }); err != nil {
 		return nil, fail("qos", err)
 	}
 	s.acks = newAcker(s.ch, src.cfg.Prefetch)
-	if s.pubConn, s.pubSock, err = src.dial(ctx, src.cfg.ConnectionName+" (publish)", nil); err != nil {
+	// The publish connection goes to the node the consume connection
+	// reached: a session depends on one node, not two.
+	if s.pubConn, s.pubSock, _, err = src.dial(ctx, src.cfg.ConnectionName+" (publish)", nil, []string{node}); err != nil {
 		return nil, err
 	}
 	var pch *amqp.Channel
@@ -224,50 +233,6 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 	}
 	s.pub = &publisher{ch: pch, returns: pch.NotifyReturn(make(chan amqp.Return, 2*publishChunk))}
 	return s, nil
-}
-
-// declare sets up the queue, the retry queue (whose expired messages flow
-// back to the queue) and the dead-letter queue, as Config.Declare and
-// Config.Passive say.
-func (src *Source) declare(ch *amqp.Channel) error {
-	cfg := &src.cfg
-	mainArgs := amqp.Table{
-		"x-queue-type":              cfg.QueueType,
-		"x-dead-letter-exchange":    "",
-		"x-dead-letter-routing-key": cfg.DeadLetterQueue,
-	}
-	if cfg.QueueType == "quorum" {
-		// Backstop for poison messages that crash the worker before it can
-		// decide: the broker dead-letters them (x-death reason delivery_limit).
-		mainArgs["x-delivery-limit"] = int64(cfg.DeliveryLimit)
-	}
-	queues := []struct {
-		name string
-		args amqp.Table
-	}{
-		{cfg.Queue, mainArgs},
-		{cfg.RetryQueue, amqp.Table{
-			"x-queue-type":              "classic",
-			"x-dead-letter-exchange":    "",
-			"x-dead-letter-routing-key": cfg.Queue,
-		}},
-		{cfg.DeadLetterQueue, amqp.Table{"x-queue-type": cfg.QueueType}},
-	}
-	for _, q := range queues {
-		var err error
-		switch {
-		case cfg.Declare:
-			_, err = ch.QueueDeclare(q.name, true, false, false, false, q.args)
-		case cfg.Passive:
-			_, err = ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
-		default:
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("queue %s: %w", q.name, err)
-		}
-	}
-	return nil
 }
 
 // publisher publishes with publisher confirms and the mandatory flag on a

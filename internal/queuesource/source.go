@@ -25,14 +25,18 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
 )
 
 // Config configures a Source; the consumer fills in every field.
 type Config struct {
-	Name, AMQPURL, ConnectionName                 string
+	Name, ConnectionName                          string
 	Queue, RetryQueue, DeadLetterQueue, QueueType string
+	// AMQPURLs are the broker's nodes: each session dials them in a
+	// shuffled order and keeps the first that answers.
+	AMQPURLs []string
 	// Declare declares the queues at the start of each session; Passive
 	// (without Declare) checks that they exist; neither uses them as they
 	// are.
@@ -120,7 +124,7 @@ func (src *Source) Run(ctx context.Context) (err error) {
 			tel.Reconnect(ctx)
 			src.eng.Counts.Reconnects.Add(1)
 		}
-		log.Info("broker session started", "generation", s.gen, "url", RedactURL(src.cfg.AMQPURL),
+		log.Info("broker session started", "generation", s.gen, "url", amqpurl.Redact(s.node),
 			"prefetch", src.cfg.Prefetch, "max_buffered_bytes", src.cfg.MaxBufferedBytes)
 		vitals.SetTrouble("")
 		started := time.Now()
@@ -156,7 +160,7 @@ const reconnectBaseDelay = 100 * time.Millisecond
 // Declare connects once and sets up the topology as Config.Topology says.
 // Each broker call is bounded by CommitTimeout and ends with ctx.
 func (src *Source) Declare(ctx context.Context) error {
-	conn, sock, err := src.dial(ctx, src.cfg.ConnectionName, nil)
+	conn, sock, _, err := src.dial(ctx, src.cfg.ConnectionName, nil, src.cfg.AMQPURLs)
 	if err != nil {
 		return err
 	}
@@ -165,7 +169,7 @@ func (src *Source) Declare(ctx context.Context) error {
 	if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := src.brokerCall(ctx, sock, func() error { return src.declare(ch) }); err != nil {
+	if err := src.brokerCall(ctx, sock, func() (err error) { _, err = src.declare(conn, ch); return err }); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
 	return ctx.Err()
@@ -194,8 +198,7 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 		return err
 	})
 	if err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && (ae.Code == amqp.NotFound || ae.Code == amqp.AccessRefused) {
+		if fatal(err) {
 			return fmt.Errorf("%w: consume %s: %v", ErrFatal, src.cfg.Queue, err)
 		}
 		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+
+	"github.com/idemkit/idem/internal/amqpurl"
 )
 
 // DefaultURL is used by URLFromEnv when neither IDEM_STREAM_URL nor
@@ -23,20 +25,34 @@ const DefaultURL = "rabbitmq-stream://guest:guest@127.0.0.1:5552/"
 // DefaultStreamPort is the port of RabbitMQ's stream plugin.
 const DefaultStreamPort = 5552
 
-// URLFromEnv returns IDEM_STREAM_URL when set; otherwise the stream URI
-// derived from IDEM_AMQP_URL (same credentials, host and vhost, scheme
-// rabbitmq-stream and port 5552, or rabbitmq-stream+tls for amqps); otherwise
-// DefaultURL.
+// URLFromEnv returns IDEM_STREAM_URL when set; otherwise the stream URIs
+// derived from IDEM_AMQP_URL's URLs (see StreamURLs), comma-separated;
+// otherwise DefaultURL.
 func URLFromEnv() string {
 	if u := os.Getenv("IDEM_STREAM_URL"); u != "" {
 		return u
 	}
 	if u := os.Getenv("IDEM_AMQP_URL"); u != "" {
-		if s, err := StreamURL(u); err == nil {
+		if s, err := StreamURLs(strings.Split(u, ",")); err == nil {
 			return s
 		}
 	}
 	return DefaultURL
+}
+
+// StreamURLs derives the stream protocol URI of each AMQP URL (see
+// StreamURL) and returns them comma-separated, as Config.URI takes the
+// nodes of a cluster.
+func StreamURLs(amqpURLs []string) (string, error) {
+	out := make([]string, len(amqpURLs))
+	for i, u := range amqpURLs {
+		s, err := StreamURL(strings.TrimSpace(u))
+		if err != nil {
+			return "", err
+		}
+		out[i] = s
+	}
+	return strings.Join(out, ","), nil
 }
 
 // StreamURL derives the stream protocol URI from an AMQP 0-9-1 URL: the
@@ -62,16 +78,9 @@ func StreamURL(amqpURL string) (string, error) {
 	return u.String(), nil
 }
 
-// Redact returns uri with its password replaced by "xxxxx", for logs and
-// errors. A string that does not parse as a URL is replaced entirely, since
-// it might still hold a password.
-func Redact(uri string) string {
-	u, err := url.Parse(uri)
-	if err != nil {
-		return "<unparsable url>"
-	}
-	return u.Redacted()
-}
+// Redact returns uri, or a comma-separated list of them, with every
+// password replaced by "xxxxx", for logs and errors.
+func Redact(uri string) string { return amqpurl.Redact(uri) }
 
 // redactErr drops the text of url.Error values, which quote the whole URL.
 func redactErr(err error) error {
@@ -103,8 +112,9 @@ type Config struct {
 	ProbeTimeout time.Duration
 
 	// URI is the stream protocol URI,
-	// rabbitmq-stream://user:password@host:5552/vhost. Required; see
-	// URLFromEnv.
+	// rabbitmq-stream://user:password@host:5552/vhost, or the URIs of a
+	// cluster's nodes separated by commas: each call connects to the first
+	// of them, in a shuffled order, that answers. Required; see URLFromEnv.
 	URI string
 }
 
@@ -126,6 +136,7 @@ func (c Config) withDefaults() Config {
 // notice, or retry forever to replace). An Env is safe for concurrent use.
 type Env struct {
 	cfg        Config
+	nodes      []string // Config.URI's URIs
 	logger     *slog.Logger
 	uri        string // redacted
 	readBuffer int    // socket read buffer; 0 keeps kernel autotuning
@@ -153,11 +164,17 @@ var ErrClosed = errors.New("streamio: env closed")
 // second.
 func Open(ctx context.Context, cfg Config) (*Env, error) {
 	cfg = cfg.withDefaults()
-	if _, err := environmentOptions(cfg, 0); err != nil {
+	nodes, err := splitURIs(cfg.URI)
+	if err != nil {
 		return nil, err
 	}
+	for _, n := range nodes {
+		if _, err := environmentOptions(cfg, 0, n); err != nil {
+			return nil, err
+		}
+	}
 	routeTo(cfg.Logger)
-	e := &Env{cfg: cfg, logger: cfg.Logger, uri: Redact(cfg.URI), stall: stallCheck, live: map[*stream.Environment]struct{}{}}
+	e := &Env{cfg: cfg, nodes: nodes, logger: cfg.Logger, uri: Redact(cfg.URI), stall: stallCheck, live: map[*stream.Environment]struct{}{}}
 	env, err := e.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -167,19 +184,35 @@ func Open(ctx context.Context, cfg Config) (*Env, error) {
 	return e, nil
 }
 
-func environmentOptions(cfg Config, readBuffer int) (*stream.EnvironmentOptions, error) {
-	if cfg.URI == "" {
+// splitURIs returns the URIs of Config.URI.
+func splitURIs(list string) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
 		return nil, errors.New("streamio: open: Config.URI is required")
 	}
-	u, err := url.Parse(cfg.URI)
+	var out []string
+	for _, u := range strings.Split(list, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			return nil, fmt.Errorf("streamio: open %s: an empty URI in the list", Redact(list))
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
+// environmentOptions are the client's options for a connection to the node
+// at uri: its connections (locator, consumers, producers) all go to that
+// node when the address is pinned (see Config.PinHost), so that a call
+// depends on the one node that answered.
+func environmentOptions(cfg Config, readBuffer int, uri string) (*stream.EnvironmentOptions, error) {
+	u, err := url.Parse(uri)
 	if err != nil {
-		return nil, fmt.Errorf("streamio: open %s: %w", Redact(cfg.URI), redactErr(err))
+		return nil, fmt.Errorf("streamio: open %s: %w", Redact(uri), redactErr(err))
 	}
 	if u.Scheme != "rabbitmq-stream" && u.Scheme != "rabbitmq-stream+tls" {
-		return nil, fmt.Errorf("streamio: open %s: scheme must be rabbitmq-stream or rabbitmq-stream+tls", Redact(cfg.URI))
+		return nil, fmt.Errorf("streamio: open %s: scheme must be rabbitmq-stream or rabbitmq-stream+tls", Redact(uri))
 	}
 	opts := stream.NewEnvironmentOptions().
-		SetUri(cfg.URI).
+		SetUri(uri).
 		// 0 keeps the kernel's receive buffer autotuning (see Open).
 		SetReadBuffer(readBuffer).
 		SetWriteBuffer(0).
@@ -190,7 +223,7 @@ func environmentOptions(cfg Config, readBuffer int) (*stream.EnvironmentOptions,
 		port := DefaultStreamPort
 		if p := u.Port(); p != "" {
 			if port, err = strconv.Atoi(p); err != nil {
-				return nil, fmt.Errorf("streamio: open %s: port: %w", Redact(cfg.URI), err)
+				return nil, fmt.Errorf("streamio: open %s: port: %w", Redact(uri), err)
 			}
 		}
 		opts.SetAddressResolver(stream.AddressResolver{Host: u.Hostname(), Port: port})
@@ -199,9 +232,29 @@ func environmentOptions(cfg Config, readBuffer int) (*stream.EnvironmentOptions,
 }
 
 // connect opens a client environment (its locator connection) for one
-// call. Close it with disconnect.
+// call, on the first node that answers, in a shuffled order. A refusal
+// (ErrAccessRefused: users and vhosts belong to the whole cluster) ends the
+// round at once. Close it with disconnect.
 func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
-	opts, err := environmentOptions(e.cfg, e.readBuffer)
+	var fails []string
+	var last error
+	for _, uri := range amqpurl.Shuffled(e.nodes) {
+		env, err := e.connectTo(ctx, uri)
+		if err == nil {
+			return env, nil
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrAccessRefused) || errors.Is(err, ErrClosed) || len(e.nodes) == 1 {
+			return nil, err
+		}
+		last = err
+		fails = append(fails, err.Error())
+	}
+	return nil, fmt.Errorf("streamio: no node of %d answered: %s: %w", len(e.nodes), strings.Join(fails, "; "), last)
+}
+
+// connectTo opens a client environment on the node at uri.
+func (e *Env) connectTo(ctx context.Context, uri string) (*stream.Environment, error) {
+	opts, err := environmentOptions(e.cfg, e.readBuffer, uri)
 	if err != nil {
 		return nil, err
 	}
@@ -225,13 +278,13 @@ func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
 				_ = r.env.Close()
 			}
 		}()
-		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, ctx.Err())
+		return nil, fmt.Errorf("streamio: connect %s: %w", Redact(uri), ctx.Err())
 	}
 	if r.err != nil {
 		if r.env != nil {
 			_ = r.env.Close()
 		}
-		return nil, fmt.Errorf("streamio: connect %s: %w", e.uri, refused(scrub(r.err, e.cfg.URI)))
+		return nil, fmt.Errorf("streamio: connect %s: %w", Redact(uri), refused(scrub(r.err, uri)))
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
