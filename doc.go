@@ -1,11 +1,33 @@
-// Package idem holds the vocabulary that idem's packages share: payload
-// hashes and canonical JSON, the names of the tables idem owns, the replay
-// mode carried in a context, and the deferred writes of a batch.
+// Package idem holds the vocabulary that idem's packages share: the message
+// and what became of it (Message, Outcome), the errors a handler returns or
+// meets, payload hashes and canonical JSON, the names of the tables idem
+// owns, the replay mode carried in a context, and the deferred writes of a
+// batch.
 //
 // idem consumes RabbitMQ messages effectively once. Most programs start in
 // package consumer (the runtime) and meet this package through its types:
-// Hash in the inbox, Tables in every Config, Mode in a handler that must
-// behave differently during a replay.
+// Message in every handler (consumer.Message is the same type), Outcome in
+// every result, Hash in the inbox, Tables in every Config, Mode in a handler
+// that must behave differently during a replay.
+//
+// # Messages, outcomes and errors
+//
+// Every source (a queue, a stream, a replay, consumer.Process) builds one
+// Message per delivery; the runtime derives its ID, Hash and BusinessKey in
+// place, and the handler receives that same value. What became of it is an
+// Outcome: Processed, Duplicate, DeadLettered, Retried or Unresolved from
+// any source; Postponed (a queue's message that left its batch for a later
+// one), Held (a message of a stream or a replay waiting behind one retried
+// in place) and Skipped (not selected by a repair replay) where they apply.
+// Outcome.String is the word the metrics, spans and logs use (the metric
+// idem.consumer.messages counts a payload conflict as conflict).
+//
+// A handler that returns a *DeadLetterError (consumer.Permanent,
+// consumer.DeadLetter) has its message dead-lettered with the error's
+// Reason; any other error is retried. A recovered panic becomes a
+// *PanicError, a handler past its deadline meets a *TimeoutError, and a
+// handler that tries to end the runtime's transaction gets
+// ErrTransactionControl.
 //
 // # Payload hashes
 //

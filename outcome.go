@@ -5,9 +5,14 @@ package idem
 // (idem.consumer.messages) and the stats.
 type Outcome uint8
 
-// The outcomes. The zero value means "not decided yet". A queue consumer
-// reports the first five; consumer.Process the first five too; an ordered
-// source (a stream, a replay) never reports Retried (it retries in place).
+// The outcomes. The zero value means "not decided yet". consumer.Process
+// reports the first five. A queue consumer settles each message as one of
+// the first five; a message it Postponed runs again in a later batch. An
+// ordered source (a stream, a replay) retries a Retried message in place,
+// holding the messages after it (Held), and settles each message as
+// Processed, Duplicate or DeadLettered (a forensic replay reports Retried
+// instead of retrying); a repair replay leaves the messages it did not
+// select Skipped.
 const (
 	// Processed: the handler ran and its writes committed with the inbox row.
 	Processed Outcome = iota + 1

@@ -119,10 +119,11 @@
 //
 // # Streams
 //
-// A consumer whose Config names a Stream instead of a Queue runs with
-// stream.Run from package consumer/stream: in order, with the stream offset
-// checkpointed in each batch's transaction. Package replay runs its handler
-// over a bounded range of the stream again.
+// A consumer built without a Queue reads a RabbitMQ stream once package
+// consumer/stream wraps it: stream.New(c, stream.Config{Stream: …}), then
+// stream.Run, in order, with the stream offset checkpointed in each batch's
+// transaction. Package replay runs its handler over a bounded range of the
+// stream again.
 //
 // # Health and statistics
 //

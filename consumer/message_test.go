@@ -37,7 +37,7 @@ func TestReceivedAtIsWhenTheRuntimeTookTheDelivery(t *testing.T) {
 	require.False(t, handled.Before(received), "handled %v before received %v", handled, received)
 }
 
-// Process keeps an Incoming's ReceivedAt and stamps the call's time on the
+// Process keeps a message's ReceivedAt and stamps the call's time on the
 // ones without.
 func TestProcessKeepsOrStampsReceivedAt(t *testing.T) {
 	t.Parallel()

@@ -9,9 +9,11 @@ type Stats struct {
 	Duplicates int64
 	// Conflicts reused an id with another payload; they are also DeadLettered.
 	Conflicts int64
-	// DeadLettered messages went to the dead-letter queue with a reason.
+	// DeadLettered messages got a dead-letter row with a reason (and, from
+	// a queue, a copy in the dead-letter queue).
 	DeadLettered int64
-	// Retried messages were parked in the retry queue after a handler error.
+	// Retried counts handler failures to be tried again: parked in the
+	// retry queue (queues), or retried in place (streams).
 	Retried int64
 	// Unresolved messages were handed back to the broker after their batch
 	// could not commit, or whose retry or dead-letter copy the broker did

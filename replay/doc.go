@@ -1,9 +1,11 @@
 // Package replay runs a consumer's handler over a bounded range of a
 // RabbitMQ stream: from the first record, an offset or a time, to an end
 // fixed when the replay starts (the tail at that moment, an offset or a
-// time), and then it stops by itself. Every batch runs through the same
-// pipeline as live consumption (consumer.ProcessWith: payload hash, inbox,
-// one transaction per batch, a savepoint per message), in one of four modes:
+// time), and then it stops by itself. Run takes the *stream.Consumer a
+// worker builds to read the stream live (package consumer/stream), and every
+// batch runs through the same pipeline as live consumption (payload hash,
+// inbox, one transaction per batch, a savepoint per message), in one of four
+// modes:
 //
 //   - idem.Normal behaves like the live consumer: the live inbox scope skips
 //     what was processed, new effects are dispatched.
@@ -21,7 +23,7 @@
 //     effects are captured in memory; a JSON-lines report (ReportLine,
 //     ReportSummary) says for each message what the live inbox holds and
 //     what the handler did. Conflicts or handler errors make Run return
-//     ErrFindings, and ExitCode 1.
+//     ErrFindings (exit code 1 from package replaycmd).
 //   - idem.Repair re-runs only the selected messages (by business key or
 //     message id) even if they were processed, in the live inbox scope,
 //     each leaving an audit row (run id, operator, reason, outcome).
@@ -90,6 +92,6 @@
 // consumer's MaxAttempts, then dead-lettered (max_attempts) and counted as a
 // handler error; the replay goes on.
 //
-// Main turns this into a subcommand of a worker binary: replay --mode …
-// --from … --to ….
+// Package replay/replaycmd turns this into a subcommand of a worker binary:
+// replay --mode … --from … --to ….
 package replay

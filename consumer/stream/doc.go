@@ -51,7 +51,7 @@
 // published an event twice sees the copy acked as a duplicate.
 //
 // A message whose handler fails is retried in place (a stream has no retry
-// queue), after a backoff of Config.RetryBaseDelay doubling to
+// queue), after a backoff of consumer.Config.RetryBaseDelay doubling to
 // RetryMaxDelay, with the messages after it waiting, until it succeeds or is
 // dead-lettered with reason max_attempts (a row in the dead-letter table;
 // a stream has no dead-letter queue either). The checkpoint never passes a

@@ -131,10 +131,10 @@ func (s replaySummary) String() string {
 		s.first, s.last, s.messages, s.processed, s.duplicates, s.deadLettered)
 }
 
-// summaryLine matches the summary replay.Main prints.
+// summaryLine matches the summary replaycmd.Main prints.
 var summaryLine = regexp.MustCompile(`: (\d+) messages(?: \(offsets (\d+) to (\d+)\))? in \S+\n\s+processed (\d+), duplicates (\d+), dead-lettered (\d+),`)
 
-// parseReplaySummary reads the summary replay.Main printed in out; ok is
+// parseReplaySummary reads the summary replaycmd.Main printed in out; ok is
 // false when there is none.
 func parseReplaySummary(out string) (s replaySummary, ok bool) {
 	m := summaryLine.FindStringSubmatch(out)

@@ -167,7 +167,7 @@ func TestCleanupJudgedByWhatItDeletedAndTheHorizonItRecorded(t *testing.T) {
 	require.Len(t, judgeCleanup(2, gone, nil, t0.Add(5*time.Second)), 2, "no horizon at all")
 }
 
-// replayOutput is what replay.Main prints on stderr for a normal replay
+// replayOutput is what replaycmd.Main prints on stderr for a normal replay
 // (its progress logs aside).
 const replayOutput = `time=2026-01-01T12:00:00Z level=INFO msg="replay started" from=114 end=479
 replay normal of soak.x.orders (run 20260101-abc): 366 messages (offsets 114 to 479) in 1.2s
