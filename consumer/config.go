@@ -11,8 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/amqpurl"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/queuesource"
 )
 
