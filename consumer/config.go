@@ -162,6 +162,19 @@ type Config struct {
 	// (one worker per key) while different keys run in parallel. Queue only.
 	OrderingKey func(m *Message) string
 
+	// Partitions, when above 0, keeps OrderingKey's order across worker
+	// processes: Queue names an exchange of type x-consistent-hash (the
+	// rabbitmq_consistent_hash_exchange plugin) in front of Partitions
+	// queues, Queue.p0 … Queue.pN-1 (package partitions), each with a
+	// single active consumer and a retry queue of its own. The processes
+	// running this consumer spread the partitions between them (PostgreSQL
+	// advisory locks; with 3 processes and 8 partitions, 2 or 3 each) and
+	// take over those of a process that dies or leaves; one that joins gets
+	// its share. Publishers send to the exchange with the ordering key as
+	// routing key (partitions.Route). Fixed for the life of the queues.
+	// Default: 0, one queue. Queue only.
+	Partitions int
+
 	// Pool is the PostgreSQL pool. Required.
 	Pool *pgxpool.Pool
 
@@ -226,6 +239,8 @@ const (
 	defaultHandlerTimeout   = 30 * time.Second
 	defaultLockTimeout      = 50 * time.Millisecond
 	defaultMaxBufferedBytes = 64 << 20
+	// maxPartitions bounds Config.Partitions: each is two quorum queues.
+	maxPartitions = 1024
 )
 
 func (c *Config) setDefaults() {
@@ -311,7 +326,7 @@ func (c *Config) QueueOnly() []string {
 	for name, isSet := range map[string]bool{
 		"BatchMaxWait": c.BatchMaxWait != 0, "ConnectionName": c.ConnectionName != "",
 		"DeadLetterQueue": c.DeadLetterQueue != "", "DeliveryLimit": c.DeliveryLimit != 0,
-		"MaxBufferedBytes": c.MaxBufferedBytes != 0, "OrderingKey": c.OrderingKey != nil,
+		"MaxBufferedBytes": c.MaxBufferedBytes != 0, "OrderingKey": c.OrderingKey != nil, "Partitions": c.Partitions != 0,
 		"Prefetch": c.Prefetch != 0, "Queue": c.Queue != "", "QueueType": c.QueueType != "",
 		"RetryQueue": c.RetryQueue != "", "Topology": c.Topology != Declare,
 	} {
@@ -337,6 +352,12 @@ func (c *Config) validate() error {
 		return configError("Pool is required")
 	case c.BatchMaxWait < 0:
 		return configError("BatchMaxWait must not be negative")
+	case c.Partitions < 0 || c.Partitions > maxPartitions:
+		return configError("Partitions must be between 0 and %d", maxPartitions)
+	case c.Partitions > 0 && c.Queue == "":
+		return configError("Partitions needs a Queue")
+	case c.Partitions > 0 && c.RetryQueue != c.Queue+".retry":
+		return configError("RetryQueue cannot be set with Partitions: each partition has its own (Queue.pI.retry)")
 	case c.Queue != "" && c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:
 		return configError("DeliveryLimit (%d) must exceed MaxCrashes + 1 (%d): idem must dead-letter a poison message before the broker does",
 			c.DeliveryLimit, c.MaxCrashes+1)
@@ -354,7 +375,7 @@ func (c *Config) nodes() []string {
 // sourceConfig is the queue source's part of the configuration.
 func (c *Config) sourceConfig() queuesource.Config {
 	return queuesource.Config{
-		Name: c.Name, AMQPURLs: c.nodes(), ConnectionName: c.ConnectionName,
+		Name: c.Name, AMQPURLs: c.nodes(), ConnectionName: c.ConnectionName, Partitions: c.Partitions,
 		Queue: c.Queue, RetryQueue: c.RetryQueue, DeadLetterQueue: c.DeadLetterQueue, QueueType: c.QueueType,
 		Declare: c.Topology == Declare, Passive: c.Topology == Passive, DeliveryLimit: c.DeliveryLimit,
 		Prefetch: c.Prefetch, Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,

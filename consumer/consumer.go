@@ -9,6 +9,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/partlease"
 	"github.com/idemkit/idem/internal/queuesource"
 )
 
@@ -18,7 +19,7 @@ import (
 type Consumer struct {
 	cfg     Config
 	eng     *engine.Engine
-	src     *queuesource.Source // nil without a Queue
+	src     queueSource // nil without a Queue
 	running atomic.Bool
 
 	// afterCommit, when set by tests of this package, runs after each
@@ -47,8 +48,26 @@ func New(cfg Config) (*Consumer, error) {
 			}
 		}
 		c.src = queuesource.New(sc, c.eng)
+		if cfg.Partitions > 0 {
+			lease, err := partlease.New(partlease.Config{
+				Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
+				Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("consumer: %w", err)
+			}
+			c.src = queuesource.NewPartitioned(sc, c.eng, lease)
+		}
 	}
 	return c, nil
+}
+
+// queueSource is what a consumer with a Queue runs: one queue
+// (queuesource.Source) or its partitions (queuesource.Partitioned).
+type queueSource interface {
+	Run(ctx context.Context) error
+	Declare(ctx context.Context) error
+	BufferedBytes() int64
 }
 
 // Handle sets the handler. Call it once, before Run.

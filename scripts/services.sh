@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes PostgreSQL and RabbitMQ (with the stream plugin) available for idem's
+# Makes PostgreSQL and RabbitMQ (with the stream and consistent-hash exchange
+# plugins) available for idem's
 # demo and tests. Safe to run again and again: what already answers is left
 # alone. On a Debian machine, as root, it installs and starts what is missing
 # without systemd; anywhere else it exits non-zero with the commands to run.
@@ -105,16 +106,36 @@ manual_rabbit() {
 services: RabbitMQ is not ready at $AMQP_HOST:$AMQP_PORT (streams on $STREAM_PORT) and this script
           cannot set it up here (it needs root on Debian, and a local address). Run, as root on Debian:
     apt-get update && apt-get install -y rabbitmq-server
-    rabbitmq-plugins --offline enable rabbitmq_stream
+    rabbitmq-plugins --offline enable $PLUGINS
     rabbitmq-server -detached
     rabbitmqctl await_startup
-  or point IDEM_AMQP_URL at a RabbitMQ (>= 3.10, rabbitmq_stream enabled) you have.
+  or point IDEM_AMQP_URL at a RabbitMQ (>= 3.10, with $PLUGINS enabled) you have.
 MSG
 	exit 1
 }
 
+# The plugins idem needs beside the broker: streams (stream consumers,
+# replays) and the consistent-hash exchange (partitioned consumers).
+PLUGINS="rabbitmq_stream rabbitmq_consistent_hash_exchange"
+
+# ensure_plugins enables those of PLUGINS a local broker lacks (enabling is
+# online and leaves the rest of the broker alone). A remote broker is left
+# as it is: its operator enables them.
+ensure_plugins() {
+	is_local "$AMQP_HOST" && command -v rabbitmq-plugins >/dev/null && [ "$(id -u)" = 0 ] || return 0
+	local enabled missing=()
+	enabled=$(timeout "$WAIT_SECONDS" rabbitmq-plugins list -e -m 2>/dev/null) || return 0
+	for p in $PLUGINS; do
+		grep -qx "$p" <<<"$enabled" || missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	log "enabling ${missing[*]}"
+	timeout "$WAIT_SECONDS" rabbitmq-plugins enable "${missing[@]}" >/dev/null
+}
+
 ensure_rabbitmq() {
 	if port_open "$AMQP_HOST" "$AMQP_PORT" && port_open "$AMQP_HOST" "$STREAM_PORT"; then
+		ensure_plugins
 		log "RabbitMQ answers at $AMQP_HOST:$AMQP_PORT, streams at $STREAM_PORT"
 		return
 	fi
@@ -124,7 +145,8 @@ ensure_rabbitmq() {
 	fi
 	if ! port_open "$AMQP_HOST" "$AMQP_PORT"; then
 		log "starting RabbitMQ"
-		rabbitmq-plugins --offline enable rabbitmq_stream >/dev/null
+		# shellcheck disable=SC2086
+		rabbitmq-plugins --offline enable $PLUGINS >/dev/null
 		rabbitmq-server -detached >/dev/null 2>&1 || true
 		wait_for "RabbitMQ" port_open "$AMQP_HOST" "$AMQP_PORT" || manual_rabbit
 		timeout "$WAIT_SECONDS" rabbitmqctl await_startup >/dev/null 2>&1 || true
@@ -134,6 +156,7 @@ ensure_rabbitmq() {
 		rabbitmq-plugins enable rabbitmq_stream >/dev/null
 		wait_for "RabbitMQ streams on $STREAM_PORT" port_open "$AMQP_HOST" "$STREAM_PORT" || manual_rabbit
 	fi
+	ensure_plugins
 	log "RabbitMQ ready at $AMQP_HOST:$AMQP_PORT, streams at $STREAM_PORT"
 }
 

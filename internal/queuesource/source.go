@@ -34,6 +34,12 @@ import (
 type Config struct {
 	Name, ConnectionName                          string
 	Queue, RetryQueue, DeadLetterQueue, QueueType string
+	// Partitions, when above 0, makes Queue the name of a consistent-hash
+	// exchange in front of that many partition queues (see Partitioned);
+	// a Source of one partition has Exchange set to it, binds its Queue to
+	// it and declares its Queue with a single active consumer.
+	Partitions int
+	Exchange   string
 	// AMQPURLs are the broker's nodes: each session dials them in a
 	// shuffled order and keeps the first that answers.
 	AMQPURLs []string
@@ -69,6 +75,18 @@ type Source struct {
 	gen    atomic.Uint64
 	// held is the gate's account of the current session, for Stats.
 	held atomic.Int64
+	// connected reports that a session consumes; alone, a Source reports
+	// it in the engine's vitals too (a Partitioned sums its Sources').
+	connected atomic.Bool
+	partition bool
+}
+
+// setConnected records whether a session consumes.
+func (src *Source) setConnected(ok bool) {
+	src.connected.Store(ok)
+	if !src.partition {
+		src.eng.Vitals.Connected.Store(ok)
+	}
 }
 
 // New returns a Source feeding eng.
@@ -96,6 +114,13 @@ func (src *Source) BufferedBytes() int64 { return src.held.Load() }
 func (src *Source) Run(ctx context.Context) (err error) {
 	stopped := src.eng.Started(ctx)
 	defer func() { stopped(err) }()
+	return src.consume(ctx)
+}
+
+// consume is Run without marking the engine started and stopped: a
+// partitioned consumer runs one Source per partition it holds, under one
+// start (see Partitioned).
+func (src *Source) consume(ctx context.Context) error {
 	vitals := &src.eng.Vitals
 	work, stopWork := engine.ShutdownContext(ctx, src.cfg.ShutdownTimeout)
 	defer stopWork()
@@ -129,7 +154,7 @@ func (src *Source) Run(ctx context.Context) (err error) {
 		vitals.SetTrouble("")
 		started := time.Now()
 		err = src.serve(ctx, s)
-		vitals.Connected.Store(false)
+		src.setConnected(false)
 		if err != nil {
 			vitals.SetTrouble("broker session ended: " + err.Error())
 		}
@@ -203,7 +228,7 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 		}
 		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)
 	}
-	src.eng.Vitals.Connected.Store(true)
+	src.setConnected(true)
 	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
 	r.inputs = make([]chan *delivery, 1)
 	if r.key = src.cfg.OrderingKey; r.key == nil {

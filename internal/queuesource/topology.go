@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/partitions"
 )
 
 // The topology a consumer declares: its queue, a retry queue whose expired
@@ -30,10 +32,23 @@ func (src *Source) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Chann
 		// decide: the broker dead-letters them (x-death reason delivery_limit).
 		mainArgs["x-delivery-limit"] = int64(cfg.DeliveryLimit)
 	}
+	if cfg.Exchange != "" {
+		// One process at a time consumes a partition: the broker's fence
+		// against two processes both believing they hold it.
+		mainArgs["x-single-active-consumer"] = true
+	}
 	switch {
 	case cfg.Declare:
 		if _, err := ch.QueueDeclare(cfg.Queue, true, false, false, false, mainArgs); err != nil {
 			return ch, fmt.Errorf("queue %s: %w", cfg.Queue, err)
+		}
+		if cfg.Exchange != "" {
+			if err := declareExchange(ch, cfg.Exchange); err != nil {
+				return ch, err
+			}
+			if err := ch.QueueBind(cfg.Queue, partitionWeight, cfg.Exchange, false, nil); err != nil {
+				return ch, fmt.Errorf("bind %s to %s: %w", cfg.Queue, cfg.Exchange, err)
+			}
 		}
 		var err error
 		if ch, err = src.declareRetryQueue(conn, ch); err != nil {
@@ -49,8 +64,27 @@ func (src *Source) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Chann
 				return ch, fmt.Errorf("queue %s: %w", q, err)
 			}
 		}
+		if cfg.Exchange != "" {
+			if err := ch.ExchangeDeclarePassive(cfg.Exchange, partitions.ExchangeType, true, false, false, false, nil); err != nil {
+				return ch, fmt.Errorf("exchange %s: %w", cfg.Exchange, err)
+			}
+		}
 	}
 	return ch, nil
+}
+
+// partitionWeight is the binding key of every partition queue: the
+// consistent-hash exchange reads it as the queue's weight on its ring, and
+// one weight for all spreads keys evenly.
+const partitionWeight = "1"
+
+// declareExchange declares a partitioned consumer's consistent-hash
+// exchange, which hashes each message's routing key.
+func declareExchange(ch *amqp.Channel, name string) error {
+	if err := ch.ExchangeDeclare(name, partitions.ExchangeType, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("exchange %s (%s, from the rabbitmq_consistent_hash_exchange plugin): %w", name, partitions.ExchangeType, err)
+	}
+	return nil
 }
 
 // retryArgs are the retry queue's arguments: the queue's type, and its

@@ -1,0 +1,166 @@
+package queuesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/partlease"
+	"github.com/idemkit/idem/internal/retry"
+	"github.com/idemkit/idem/partitions"
+)
+
+// Partitioned consumes a partitioned queue: the consistent-hash exchange
+// named Config.Queue in front of Config.Partitions partition queues, each
+// with its own retry queue and one dead-letter queue for all. The lease
+// (package partlease) decides which partitions this process holds; for
+// each, a Source of that partition consumes it with the engine they share,
+// and stops (its batches settled, its connections closed, what it never
+// started back in the queue) before the lease lets the partition go. Each
+// partition queue has a single active consumer, so a partition whose lease
+// moved while its old holder still consumes waits for it.
+type Partitioned struct {
+	cfg   Config
+	eng   *engine.Engine
+	lease *partlease.Lease
+
+	mu    sync.Mutex
+	parts map[int]*Source // the partitions consumed now
+}
+
+// NewPartitioned returns a Partitioned feeding eng, holding partitions as
+// lease decides.
+func NewPartitioned(cfg Config, eng *engine.Engine, lease *partlease.Lease) *Partitioned {
+	return &Partitioned{cfg: cfg, eng: eng, lease: lease, parts: map[int]*Source{}}
+}
+
+// partition returns the configuration of partition i's Source.
+func (p *Partitioned) partition(i int) Config {
+	c := p.cfg
+	c.Queue = partitions.QueueName(p.cfg.Queue, i)
+	c.RetryQueue = c.Queue + ".retry"
+	c.Exchange = p.cfg.Queue
+	c.ConnectionName = fmt.Sprintf("%s p%d", p.cfg.ConnectionName, i)
+	return c
+}
+
+// Run consumes the partitions this process holds until ctx is cancelled
+// (see Source.Run for what each does on cancellation), first declaring
+// every partition (Config.Declare): the exchange's hash ring is made of
+// its bindings, so all of them exist before any is consumed. It returns an
+// error wrapping ErrFatal for what reconnecting cannot fix.
+func (p *Partitioned) Run(ctx context.Context) (err error) {
+	stopped := p.eng.Started(ctx)
+	defer func() { stopped(err) }()
+	for failures := 0; ; failures++ {
+		err := p.Declare(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrFatal) {
+			return err
+		}
+		delay := retry.Backoff(failures+1, reconnectBaseDelay, p.cfg.ReconnectMaxDelay)
+		p.cfg.Logger.Warn("broker unavailable, retrying", "consumer", p.cfg.Name, "queue", p.cfg.Queue, "error", err, "retry_in", delay)
+		p.eng.Vitals.SetTrouble("broker unavailable: " + err.Error())
+		if !retry.Sleep(ctx, delay) {
+			return nil
+		}
+	}
+	vctx, stopVitals := context.WithCancel(ctx)
+	defer stopVitals()
+	go p.watch(vctx) // owned by Run: stopped above
+	return p.lease.Run(ctx, p.consume)
+}
+
+// consume runs partition i's Source until ctx ends.
+func (p *Partitioned) consume(ctx context.Context, i int) error {
+	src := New(p.partition(i), p.eng)
+	src.partition = true
+	p.mu.Lock()
+	p.parts[i] = src
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.parts, i)
+		p.mu.Unlock()
+	}()
+	return src.consume(ctx)
+}
+
+// watch keeps the engine's Connected up to date: connected while this
+// process is a member of the lease and every partition it holds has a
+// session consuming. A member holding none (more processes than
+// partitions) is a standby, connected.
+func (p *Partitioned) watch(ctx context.Context) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		st := p.lease.Status()
+		ok := st.Joined
+		p.mu.Lock()
+		for _, src := range p.parts {
+			ok = ok && src.connected.Load()
+		}
+		p.mu.Unlock()
+		p.eng.Vitals.Connected.Store(ok)
+		if !st.Joined && st.Trouble != "" {
+			p.eng.Vitals.SetTrouble(st.Trouble)
+		}
+		select {
+		case <-ctx.Done():
+			p.eng.Vitals.Connected.Store(false)
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// BufferedBytes is what the partitions' sessions hold in memory of
+// deliveries not yet settled.
+func (p *Partitioned) BufferedBytes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, src := range p.parts {
+		n += src.BufferedBytes()
+	}
+	return n
+}
+
+// Held are the partitions this process consumes now.
+func (p *Partitioned) Held() []int { return p.lease.Status().Held }
+
+// Declare connects once and sets up every partition (its queue, retry
+// queue and binding), the exchange and the dead-letter queue, as
+// Config.Declare and Config.Passive say.
+func (p *Partitioned) Declare(ctx context.Context) error {
+	src := New(p.cfg, p.eng)
+	conn, sock, _, err := src.dial(ctx, p.cfg.ConnectionName, nil, p.cfg.AMQPURLs)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
+	var ch *amqp.Channel
+	if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	for i := range p.cfg.Partitions {
+		part := New(p.partition(i), p.eng)
+		if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = part.declare(conn, ch); return err }); err != nil {
+			if fatal(err) {
+				return fmt.Errorf("%w: topology: %v", ErrFatal, err)
+			}
+			return fmt.Errorf("topology: %w", err)
+		}
+	}
+	return nil
+}
