@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/amqpconn"
 	"github.com/idemkit/idem/internal/amqpurl"
+	"github.com/idemkit/idem/partitions"
 )
 
 // RedriveOptions say which dead-lettered messages Redrive moves back. The
@@ -49,7 +50,10 @@ type RedriveOptions struct {
 	// Required.
 	Pool *pgxpool.Pool
 	// Queue is where the messages go back to, through the default exchange.
-	// It must exist. Required.
+	// It must exist. For a partitioned consumer (consumer.Config.Partitions)
+	// it is the consumer's Queue, its exchange: each message goes back
+	// through it with the routing key it was first published with (its
+	// ordering key), to the partition of its key. Required.
 	Queue string
 	// Reason moves only messages dead-lettered for this reason (x-idem-reason,
 	// or the broker's own reason such as delivery_limit). Default: any.
@@ -203,6 +207,8 @@ type redrive struct {
 	entry   string // enteredSQL
 	res     RedriveResult
 	refused error // why the first refused message stayed
+	// exchange is Queue when it names a partitioned consumer's exchange.
+	exchange string
 }
 
 // open checks both queues and opens the get and the confirm-mode publish
@@ -218,6 +224,9 @@ func (r *redrive) open() error {
 			info, err = ch.QueueDeclarePassive(q, false, false, false, false, nil)
 			return err
 		}); err != nil {
+			if q == r.o.Queue && r.partitioned() {
+				continue
+			}
 			return fmt.Errorf("deadletters: redrive: queue %s: %w", q, err)
 		}
 		_ = r.conn.Call(ch.Close)
@@ -237,6 +246,52 @@ func (r *redrive) open() error {
 	}
 	r.returns = r.out.NotifyReturn(make(chan amqp.Return, redriveChunk))
 	return nil
+}
+
+// partitioned reports whether Queue names a partitioned consumer's
+// exchange (consumer.Config.Partitions) rather than a queue; if so, moved
+// messages go back through it, each with its original routing key (its
+// ordering key), to the partition of its key.
+func (r *redrive) partitioned() bool {
+	ch, err := r.channel()
+	if err != nil {
+		return false
+	}
+	err = r.conn.Call(func() error {
+		return ch.ExchangeDeclarePassive(r.o.Queue, partitions.ExchangeType, true, false, false, false, nil)
+	})
+	if err != nil {
+		return false
+	}
+	_ = r.conn.Call(ch.Close)
+	r.exchange = r.o.Queue
+	return true
+}
+
+// route is where a taken message's copy goes: the queue through the
+// default exchange, or a partitioned consumer's exchange with the
+// message's original routing key (see partitioned); or back to the tail of
+// the dead-letter queue when it is not moved.
+func (r *redrive) route(t taken) (exchange, key string) {
+	switch {
+	case !t.move:
+		return "", r.o.DeadLetterQueue
+	case r.exchange == "":
+		return "", r.o.Queue
+	}
+	if k, ok := t.d.Headers[HeaderOriginalRoutingKey].(string); ok && k != "" {
+		return r.exchange, k
+	}
+	if deaths, ok := t.d.Headers["x-death"].([]any); ok && len(deaths) > 0 {
+		if death, ok := deaths[0].(amqp.Table); ok {
+			if keys, ok := death["routing-keys"].([]any); ok && len(keys) > 0 {
+				if k, ok := keys[0].(string); ok && k != "" {
+					return r.exchange, k
+				}
+			}
+		}
+	}
+	return r.exchange, t.d.MessageId // no key: some partition, which the inbox serves as well
 }
 
 // channel opens a channel.
@@ -359,8 +414,9 @@ func (r *redrive) publish(ctx context.Context, chunk []taken) error {
 		if t.move {
 			p = republish(t.d, redriveHeaders(t.d.Headers, now, r.o.Operator, r.o.DeadLetterQueue))
 		}
+		exchange, key := r.route(t)
 		err := r.conn.Call(func() (err error) {
-			confirms[i], err = r.out.PublishWithDeferredConfirmWithContext(ctx, "", r.to(t), true, false, p)
+			confirms[i], err = r.out.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, p)
 			return err
 		})
 		if err != nil {
@@ -393,7 +449,7 @@ func (r *redrive) publish(ctx context.Context, chunk []taken) error {
 	return nil
 }
 
-// to is the queue a taken message's copy goes to.
+// to names where a taken message's copy goes, for errors.
 func (r *redrive) to(t taken) string {
 	if t.move {
 		return r.o.Queue

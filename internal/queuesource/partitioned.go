@@ -76,45 +76,57 @@ func (p *Partitioned) Run(ctx context.Context) (err error) {
 		}
 	}
 	vctx, stopVitals := context.WithCancel(ctx)
-	defer stopVitals()
-	go p.watch(vctx) // owned by Run: stopped above
+	watched := make(chan struct{})
+	go func() { // owned by Run: stopped and waited for below
+		defer close(watched)
+		p.watch(vctx)
+	}()
+	defer func() { stopVitals(); <-watched }()
 	return p.lease.Run(ctx, p.consume)
 }
 
 // consume runs partition i's Source until ctx ends.
 func (p *Partitioned) consume(ctx context.Context, i int) error {
 	src := New(p.partition(i), p.eng)
-	src.partition = true
+	src.changed = p.update
 	p.mu.Lock()
 	p.parts[i] = src
 	p.mu.Unlock()
+	p.update()
 	defer func() {
 		p.mu.Lock()
 		delete(p.parts, i)
 		p.mu.Unlock()
+		p.update()
 	}()
 	return src.consume(ctx)
 }
 
-// watch keeps the engine's Connected up to date: connected while this
-// process is a member of the lease and every partition it holds has a
-// session consuming. A member holding none (more processes than
-// partitions) is a standby, connected.
+// update sets the engine's Connected: this process is a member of the
+// lease and every partition it holds has a session consuming. A member
+// holding none (more processes than partitions) is a standby, connected.
+func (p *Partitioned) update() {
+	st := p.lease.Status()
+	ok := st.Joined
+	p.mu.Lock()
+	for _, src := range p.parts {
+		ok = ok && src.connected.Load()
+	}
+	p.mu.Unlock()
+	p.eng.Vitals.Connected.Store(ok)
+	if !st.Joined && st.Trouble != "" {
+		p.eng.Vitals.SetTrouble(st.Trouble)
+	}
+}
+
+// watch keeps the engine's Connected up to date (see update) as the
+// lease's membership changes; the partitions' Sources update it as their
+// sessions come and go.
 func (p *Partitioned) watch(ctx context.Context) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	for {
-		st := p.lease.Status()
-		ok := st.Joined
-		p.mu.Lock()
-		for _, src := range p.parts {
-			ok = ok && src.connected.Load()
-		}
-		p.mu.Unlock()
-		p.eng.Vitals.Connected.Store(ok)
-		if !st.Joined && st.Trouble != "" {
-			p.eng.Vitals.SetTrouble(st.Trouble)
-		}
+		p.update()
 		select {
 		case <-ctx.Done():
 			p.eng.Vitals.Connected.Store(false)

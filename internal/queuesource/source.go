@@ -78,15 +78,19 @@ type Source struct {
 	// connected reports that a session consumes; alone, a Source reports
 	// it in the engine's vitals too (a Partitioned sums its Sources').
 	connected atomic.Bool
-	partition bool
+	// changed, when set (a partition's Source), is told of each change
+	// of connected, instead of the engine's vitals.
+	changed func()
 }
 
 // setConnected records whether a session consumes.
 func (src *Source) setConnected(ok bool) {
 	src.connected.Store(ok)
-	if !src.partition {
-		src.eng.Vitals.Connected.Store(ok)
+	if src.changed != nil {
+		src.changed()
+		return
 	}
+	src.eng.Vitals.Connected.Store(ok)
 }
 
 // New returns a Source feeding eng.
