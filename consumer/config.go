@@ -171,8 +171,9 @@ type Config struct {
 	// advisory locks; with 3 processes and 8 partitions, 2 or 3 each) and
 	// take over those of a process that dies or leaves; one that joins gets
 	// its share. Publishers send to the exchange with the ordering key as
-	// routing key (partitions.Route). Fixed for the life of the queues.
-	// Default: 0, one queue. Queue only.
+	// routing key (partitions.Route); without an OrderingKey, the routing
+	// key is the ordering key. Fixed for the life of the queues. Default:
+	// 0, one queue. Queue only.
 	Partitions int
 
 	// Pool is the PostgreSQL pool. Required.
@@ -382,8 +383,17 @@ func (c *Config) sourceConfig() queuesource.Config {
 		MaxBufferedBytes: c.MaxBufferedBytes, ReconnectMaxDelay: c.ReconnectMaxDelay,
 		RetryBaseDelay: c.RetryBaseDelay, RetryMaxDelay: c.RetryMaxDelay,
 		CommitTimeout: c.CommitTimeout, ShutdownTimeout: c.ShutdownTimeout, Logger: c.Logger,
-		OrderingKey: c.OrderingKey, AffinityKey: c.affinityKey(),
+		OrderingKey: c.orderingKey(), AffinityKey: c.affinityKey(),
 	}
+}
+
+// orderingKey is OrderingKey; with Partitions and no OrderingKey, the
+// routing key the message was published with, which chose its partition.
+func (c *Config) orderingKey() func(*Message) string {
+	if c.OrderingKey == nil && c.Partitions > 0 {
+		return func(m *Message) string { return m.RoutingKey }
+	}
+	return c.OrderingKey
 }
 
 // affinityKey schedules by business key when there is no ordering key:

@@ -24,7 +24,7 @@ import (
 func TestPartitionedTopologyIsAConsistentHashExchangeInFrontOfItsPartitions(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.deletePartitionsAtEnd(4)
+	testbroker.PartitionsAtEnd(t, e.queue, 4)
 	e.declare(func(c *Config) { c.Partitions = 4; c.OrderingKey = func(m *Message) string { return m.ID } })
 	ch := testbroker.Channel(t)
 	require.NoError(t, ch.ExchangeDeclarePassive(e.queue, partitions.ExchangeType, true, false, false, false, nil))
@@ -84,7 +84,7 @@ func TestPartitionsKeepEachKeysOrderAcrossProcessesAndAKill(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	const parts, accounts, events = 8, 40, 100
-	e.deletePartitionsAtEnd(parts)
+	testbroker.PartitionsAtEnd(t, e.queue, parts)
 	e.createOrderedTables()
 	e.declare(func(c *Config) { c.Partitions = parts; c.OrderingKey = func(m *Message) string { return m.ID } })
 
@@ -170,63 +170,4 @@ func (e *env) createOrderedTables() {
 		CREATE TABLE `+s+`.violations (account text NOT NULL, seq int NOT NULL, after int NOT NULL);
 		CREATE TABLE `+s+`.applied (message_id text NOT NULL, label text NOT NULL)`)
 	require.NoError(e.t, err)
-}
-
-// deletePartitionsAtEnd deletes the partition and retry queues of e's
-// queue, and its exchange, when the test ends.
-func (e *env) deletePartitionsAtEnd(n int) {
-	e.t.Cleanup(func() {
-		conn, err := amqp.Dial(testbroker.URL())
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		for i := range n {
-			for _, q := range []string{partitions.QueueName(e.queue, i), partitions.QueueName(e.queue, i) + ".retry"} {
-				if ch, err := conn.Channel(); err == nil {
-					_, _ = ch.QueueDelete(q, false, false, false)
-					_ = ch.Close()
-				}
-			}
-		}
-		if ch, err := conn.Channel(); err == nil {
-			_ = ch.ExchangeDelete(e.queue, false, false)
-			_ = ch.Close()
-		}
-	})
-}
-
-// A process of a partitioned consumer is ready while it consumes the
-// partitions it holds, and also while it holds none (more processes than
-// partitions): it stands by, and takes the partition of a process that
-// leaves.
-func TestAPartitionedConsumerHoldingNoPartitionIsAReadyStandby(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.deletePartitionsAtEnd(1)
-	edit := func(c *Config) { c.Partitions = 1; c.OrderingKey = func(m *Message) string { return m.ID } }
-	e.declare(edit)
-	a, b := e.newConsumer(e.effectHandler(), edit), e.newConsumer(e.effectHandler(), edit)
-	stopA := start(t, a)
-	waitFor(t, 15*time.Second, "a ready", func() bool { return a.Health().Ready })
-	start(t, b)
-	waitFor(t, 15*time.Second, "b ready as a standby", func() bool { return b.Health().Ready })
-
-	publish := func(id string) {
-		ch := testbroker.Channel(t)
-		require.NoError(t, ch.Confirm(false))
-		dc, err := partitions.Publish(context.Background(), ch, e.queue, 1, id, amqp.Publishing{MessageId: id, Body: []byte(`{}`)})
-		require.NoError(t, err)
-		_, err = dc.WaitContext(context.Background())
-		require.NoError(t, err)
-	}
-	publish("m-1")
-	waitFor(t, 15*time.Second, "m-1 applied", func() bool { return e.effects()["m-1"] == 1 })
-	require.EqualValues(t, 1, a.Stats().Processed, "the holder applies it")
-
-	stopA()
-	publish("m-2")
-	waitFor(t, 15*time.Second, "m-2 applied by the standby", func() bool { return e.effects()["m-2"] == 1 })
-	require.EqualValues(t, 1, b.Stats().Processed)
-	require.True(t, b.Health().Ready, b.Health().Reason)
 }

@@ -25,7 +25,7 @@ func TestRedriveOfAPartitionedConsumerGoesBackThroughItsExchangeByKey(t *testing
 	t.Parallel()
 	e := newEnv(t)
 	const parts = 3
-	t.Cleanup(func() { deletePartitions(e.queue, parts) })
+	testbroker.PartitionsAtEnd(t, e.queue, parts)
 	var accept atomic.Bool
 	_, err := e.pool.Exec(context.Background(), "CREATE TABLE "+e.tables.QuotedSchema()+".done (id text, source text, key text)")
 	require.NoError(t, err)
@@ -78,26 +78,4 @@ func TestRedriveOfAPartitionedConsumerGoesBackThroughItsExchangeByKey(t *testing
 		".done WHERE key <> 'key-' || substr(id, 3)").Scan(&wrong))
 	require.Zero(t, wrong, "each message comes back with its own routing key")
 	require.Empty(t, e.drain(e.queue+".dlq"))
-}
-
-// deletePartitions deletes the partition and retry queues of queue, and
-// its exchange.
-func deletePartitions(queue string, n int) {
-	conn, err := amqp.Dial(testbroker.URL())
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	for i := range n {
-		for _, q := range []string{partitions.QueueName(queue, i), partitions.QueueName(queue, i) + ".retry"} {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				_ = ch.Close()
-			}
-		}
-	}
-	if ch, err := conn.Channel(); err == nil {
-		_ = ch.ExchangeDelete(queue, false, false)
-		_ = ch.Close()
-	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/partitions"
 	"github.com/idemkit/idem/prommetrics"
 )
 
@@ -50,6 +51,9 @@ type apiConfig struct {
 	tables  idem.Tables
 	amqpURL string
 	queue   string
+	// partitions are the worker's: capture requests go to the queue's
+	// exchange keyed by captureRequestId.
+	partitions int
 	// wait, lease and expiry are httpinbox's Config.Wait, Lease and Expiry
 	// (0: httpinbox's defaults, and no wait).
 	wait, lease, expiry time.Duration
@@ -74,6 +78,7 @@ type api struct {
 	dispatcher   *ledger.Dispatcher
 	database     *health.Database // readiness of the database the requests need
 	queue        string
+	partitions   int
 	cleanupEvery time.Duration
 	insert       string // api_captures insert
 	stored       string // api_captures row of a captureRequestId
@@ -165,6 +170,7 @@ func newAPI(cfg apiConfig) (*api, error) {
 		dispatcher:   d,
 		database:     health.NewDatabase(cfg.pool, "api database"),
 		queue:        cfg.queue,
+		partitions:   cfg.partitions,
 		cleanupEvery: cfg.cleanupEvery,
 		insert:       fmt.Sprintf(insertAPICaptureSQL, captures),
 		stored:       fmt.Sprintf(storedAPICaptureSQL, captures),
@@ -250,11 +256,12 @@ func (a *api) acceptCapture(ctx context.Context, tx pgx.Tx, c capture) (httpinbo
 	if err != nil {
 		return httpinbox.Response{}, fmt.Errorf("api: encode capture request %s: %w", id, err)
 	}
+	exchange, routingKey := partitions.Route(a.queue, a.partitions, id)
 	_, err = a.ledger.Record(ctx, tx, ledger.Effect{
 		Type:        effectCaptureRequested,
 		BusinessKey: id,
 		Target:      "amqp queue " + a.queue,
-		Request: ledger.Publishing{RoutingKey: a.queue, ContentType: "application/json", Body: body,
+		Request: ledger.Publishing{Exchange: exchange, RoutingKey: routingKey, ContentType: "application/json", Body: body,
 			CorrelationID: id}, // the worker's envelope requires a correlation id
 		Consumer:  apiName,
 		MessageID: claim.KeyID(),
@@ -363,6 +370,7 @@ func runAPI(ctx context.Context, args []string) error {
 	svc := serviceFlags(fs)
 	addr := fs.String("addr", "127.0.0.1:8098", "listen address")
 	queue := fs.String("queue", defaultQueue, "queue the capture requests are published to (the worker declares it)")
+	parts := fs.Int("partitions", 0, "the worker's -partitions: capture requests go to the queue's exchange, keyed by captureRequestId")
 	wait := fs.Duration("wait", 2*time.Second, "how long a request whose key is in progress waits for the first request's answer before 409")
 	lease := fs.Duration("lease", httpinbox.DefaultLease, "how long a started request owns its key; a crashed request's key runs again after it")
 	expiry := fs.Duration("expiry", httpinbox.DefaultExpiry, "how long a key is kept; must exceed the clients' retry horizon")
@@ -388,7 +396,7 @@ func runAPI(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	a, err := newAPI(apiConfig{
-		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
+		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue, partitions: *parts,
 		wait: *wait, lease: *lease, expiry: *expiry, logger: log, webhookSecret: webhooks,
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/partitions"
 )
 
 // demoConfig is everything a demo run needs.
@@ -97,7 +98,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 	g := newGateway(cfg.faults, cfg.workerLog)
 	w, err := newWorker(workerConfig{
 		pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
-		gatewayURL: gatewayURL, client: &http.Client{Timeout: cfg.gatewayTimeout}, logger: cfg.workerLog,
+		partitions: cfg.publish.partitions, gatewayURL: gatewayURL, client: &http.Client{Timeout: cfg.gatewayTimeout}, logger: cfg.workerLog,
 		tuneDispatcher: func(d *ledger.DispatcherConfig) {
 			d.PollInterval = 200 * time.Millisecond
 			d.RetryBackoff = 50 * time.Millisecond
@@ -111,7 +112,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		return err
 	}
 	// Leftovers of an interrupted run would be counted as this run's.
-	if err := purge(cfg.publish.amqpURL, cfg.publish.queue); err != nil {
+	if err := purge(cfg.publish.amqpURL, cfg.publish.queue, cfg.publish.partitions); err != nil {
 		return err
 	}
 
@@ -132,7 +133,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		}
 		a, err := newAPI(apiConfig{
 			pool: cfg.pool, tables: cfg.tables, amqpURL: cfg.publish.amqpURL, queue: cfg.publish.queue,
-			wait: 5 * time.Second, logger: cfg.workerLog, webhookSecret: cfg.edge.secret,
+			partitions: cfg.publish.partitions, wait: 5 * time.Second, logger: cfg.workerLog, webhookSecret: cfg.edge.secret,
 			tuneDispatcher: func(d *ledger.DispatcherConfig) { d.PollInterval = 200 * time.Millisecond },
 		})
 		if err != nil {
@@ -379,10 +380,18 @@ func fetchStats(ctx context.Context, gatewayURL string) ([]byte, gatewayStats, e
 	return raw, s, nil
 }
 
-// purge empties the queue, its retry queue and its dead-letter queue.
-func purge(amqpURL, queue string) error {
+// purge empties the queue (or its n partitions), its retry queues and its
+// dead-letter queue.
+func purge(amqpURL, queue string, n int) error {
+	queues := []string{queue, queue + ".retry"}
+	if n > 0 {
+		queues = nil
+		for i := range n {
+			queues = append(queues, partitions.QueueName(queue, i), partitions.QueueName(queue, i)+".retry")
+		}
+	}
 	return withChannel(amqpURL, func(ch *amqp.Channel) error {
-		for _, q := range []string{queue, queue + ".retry", queue + ".dlq"} {
+		for _, q := range append(queues, queue+".dlq") {
 			if _, err := ch.QueuePurge(q, false); err != nil {
 				return fmt.Errorf("purge %s: %w", q, err)
 			}

@@ -7,8 +7,8 @@
 // lost after the charge all end in exactly one charge per capture request.
 //
 //	go run ./examples/payments gateway -addr 127.0.0.1:8099 [-fail-rate 0.2] [-slow-rate 0.1] [-drop-after-charge-rate 0.1] [-webhook-url URL -webhook-secret S]
-//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-schema payments] [-queue payments.capture.requested] [-metrics-addr 127.0.0.1:9464] [-health-addr 127.0.0.1:8081]
-//	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad]
+//	go run ./examples/payments worker  -gateway-url http://127.0.0.1:8099 [-schema payments] [-queue payments.capture.requested] [-partitions 8] [-metrics-addr 127.0.0.1:9464] [-health-addr 127.0.0.1:8081]
+//	go run ./examples/payments publish [-n 1000] [-dup 0.2] [-retry 0.1] [-bad] [-partitions 8]
 //	go run ./examples/payments api     -addr 127.0.0.1:8098 [-schema payments] [-queue payments.capture.requested] [-webhook-secret S] [-wait 2s] [-lease 30s] [-expiry 24h] [-metrics-addr 127.0.0.1:9465] [-health-addr 127.0.0.1:8082]
 //	go run ./examples/payments demo    [-n 1000] [-http=true] [-bulk-n 20] [-fail-rate 0.1] [-drop-after-charge-rate 0.1]
 //

@@ -13,11 +13,17 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/partitions"
 )
 
 // publishConfig says what a publish run sends.
 type publishConfig struct {
 	amqpURL, queue string
+	// partitions are the worker's (consumer.Config.Partitions): with them,
+	// each message goes to the queue's exchange with its correlation id
+	// (the capture request) as routing key.
+	partitions int
 	// n is the number of distinct capture requests.
 	n int
 	// dup is the fraction of messages published a second time with the same
@@ -108,7 +114,11 @@ func publish(ctx context.Context, cfg publishConfig) (published, error) {
 	}
 	send := func(m amqp.Publishing) error {
 		m.ContentType, m.DeliveryMode, m.Timestamp = "application/json", amqp.Persistent, time.Now()
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", cfg.queue, true, false, m)
+		key := m.CorrelationId
+		if key == "" {
+			key = m.MessageId
+		}
+		dc, err := partitions.Publish(ctx, ch, cfg.queue, cfg.partitions, key, m)
 		if err != nil {
 			return fmt.Errorf("publish %s: %w", m.MessageId, err)
 		}
@@ -187,6 +197,7 @@ func runPublish(ctx context.Context, args []string) error {
 func publishFlags(fs *flag.FlagSet) *publishConfig {
 	cfg := &publishConfig{}
 	fs.StringVar(&cfg.queue, "queue", defaultQueue, "queue to publish to")
+	fs.IntVar(&cfg.partitions, "partitions", 0, "the worker's -partitions: publish to the queue's exchange, keyed by capture request")
 	fs.IntVar(&cfg.n, "n", 1000, "capture requests to publish")
 	fs.Float64Var(&cfg.dup, "dup", 0.2, "fraction re-published with the same message id and body")
 	fs.Float64Var(&cfg.retry, "retry", 0.1, "fraction re-sent under a new message id (a producer retry: business duplicate)")

@@ -25,6 +25,7 @@ type workerConfig struct {
 	tables     idem.Tables
 	amqpURL    string
 	queue      string
+	partitions int
 	gatewayURL string
 	// client calls the gateway. Default: a client with a 10 second timeout.
 	client *http.Client
@@ -65,8 +66,12 @@ func newWorker(cfg workerConfig) (*worker, error) {
 		Name:     consumerName,
 		Pool:     cfg.pool,
 		Queue:    cfg.queue,
-		Tables:   cfg.tables,
-		Logger:   cfg.logger,
+		// With -partitions, the queue is an exchange in front of that many
+		// partitions spread over the worker processes; a capture request's
+		// messages (their routing key) stay in order across processes.
+		Partitions: cfg.partitions,
+		Tables:     cfg.tables,
+		Logger:     cfg.logger,
 	}
 	if cfg.tuneConsumer != nil {
 		cfg.tuneConsumer(&ccfg)
@@ -132,6 +137,7 @@ func runWorker(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("payments worker", flag.ContinueOnError)
 	svc := serviceFlags(fs)
 	queue := fs.String("queue", defaultQueue, "queue to consume")
+	parts := fs.Int("partitions", 0, "consume the queue as that many partitions (consumer.Config.Partitions)")
 	gatewayURL := fs.String("gateway-url", "http://127.0.0.1:8099", "base URL of the payment gateway")
 	timeout := fs.Duration("gateway-timeout", 10*time.Second, "timeout of one gateway call")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
@@ -151,7 +157,7 @@ func runWorker(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	w, err := newWorker(workerConfig{
-		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue,
+		pool: pool, tables: tables, amqpURL: svc.amqpURL, queue: *queue, partitions: *parts,
 		gatewayURL: *gatewayURL, client: &http.Client{Timeout: *timeout}, logger: log,
 	})
 	if err != nil {

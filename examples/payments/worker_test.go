@@ -191,3 +191,24 @@ func TestDemoChargesEachCaptureRequestOnce(t *testing.T) {
 	require.NoError(t, err, out.String())
 	require.Contains(t, out.String(), "payments check: OK")
 }
+
+// The demo on partitions: the worker consumes 3 partitions behind the
+// queue's exchange, the publisher keys each message by its capture request,
+// and each capture request is charged once.
+func TestDemoOnPartitionsChargesEachCaptureRequestOnce(t *testing.T) {
+	t.Parallel()
+	pool, tables := testdb.Schema(t)
+	require.NoError(t, createTables(context.Background(), pool, tables))
+	queue := testbroker.Queue(t)
+	testbroker.PartitionsAtEnd(t, queue, 3)
+	var out bytes.Buffer
+	err := demo(context.Background(), demoConfig{
+		pool: pool, tables: tables,
+		publish:        publishConfig{amqpURL: testbroker.URL(), queue: queue, partitions: 3, n: 100, dup: 0.3, retry: 0.2, bad: true},
+		faults:         faults{FailRate: 0.2},
+		gatewayTimeout: 10 * time.Second, timeout: 30 * time.Second,
+		logger: testLogger(), workerLog: testLogger(), out: &out,
+	})
+	require.NoError(t, err, out.String())
+	require.Contains(t, out.String(), "payments check: OK")
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
+	"github.com/idemkit/idem/partitions"
 )
 
 // demo runs a worker in this process, publishes deposits with duplicates and
@@ -148,7 +149,7 @@ func publishBad(ctx context.Context, o options) (sent, bad int, err error) {
 	}
 	for i, m := range msgs {
 		m.DeliveryMode = amqp.Persistent
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, m)
+		dc, err := partitions.Publish(ctx, ch, o.queue, o.partitions, "A1", m)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -171,7 +172,18 @@ func purge(ctx context.Context, o options) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return ch.QueuePurge(o.queue, false)
+	if o.partitions == 0 {
+		return ch.QueuePurge(o.queue, false)
+	}
+	total := 0
+	for i := range o.partitions {
+		n, err := ch.QueuePurge(partitions.QueueName(o.queue, i), false)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 func balances(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) (map[string]int64, error) {

@@ -2,8 +2,8 @@
 // balances with a plain, deliberately non-idempotent increment, so that only
 // idem stands between a redelivered message and a wrong balance.
 //
-//	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart] [-health-addr 127.0.0.1:8081]
-//	go run ./examples/quickstart publish [-n 10000] [-dup 0.3]
+//	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart] [-partitions 8] [-health-addr 127.0.0.1:8081]
+//	go run ./examples/quickstart publish [-n 10000] [-dup 0.3] [-partitions 8]
 //	go run ./examples/quickstart demo    [-n 10000] [-dup 0.3]
 //
 // Messages are JSON {"account":"A1","amount":5} with the AMQP message-id set.
@@ -51,6 +51,7 @@ func run(ctx context.Context, args []string) error {
 	amqpURL := env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	fs.StringVar(&amqpURL, "amqp-url", amqpURL, "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
 	fs.StringVar(&o.queue, "queue", "quickstart.deposits", "queue to consume / publish to")
+	fs.IntVar(&o.partitions, "partitions", 0, "partitions of the queue (consumer.Config.Partitions): one account's deposits stay in order across worker processes")
 	fs.StringVar(&o.schema, "schema", "quickstart", "schema for idem's tables and the balances")
 	fs.IntVar(&o.n, "n", 10000, "deposits to publish")
 	fs.Float64Var(&o.dup, "dup", 0.3, "fraction of deposits published a second time (same id and body)")
@@ -79,12 +80,12 @@ func run(ctx context.Context, args []string) error {
 }
 
 type options struct {
-	pgURL, queue, schema string
-	amqpURLs             []string // the broker's nodes
-	metricsAddr          string
-	healthAddr           string
-	n, accounts          int
-	dup                  float64
+	pgURL, queue, schema    string
+	amqpURLs                []string // the broker's nodes
+	metricsAddr             string
+	healthAddr              string
+	n, accounts, partitions int
+	dup                     float64
 }
 
 func env(key, def string) string {

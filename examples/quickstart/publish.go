@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/amqpnodes"
+	"github.com/idemkit/idem/partitions"
 )
 
 // published is what a publish run sent: the deposits it expects applied.
@@ -42,8 +43,10 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 	prefix := "dep-" + hex.EncodeToString(run[:])
 	start := time.Now()
 	var pending []*amqp.DeferredConfirmation
-	send := func(id string, body []byte) error {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, amqp.Publishing{
+	send := func(id, account string, body []byte) error {
+		// To the queue, or with -partitions to its exchange with the
+		// account as routing key: one account's deposits, one partition.
+		dc, err := partitions.Publish(ctx, ch, o.queue, o.partitions, account, amqp.Publishing{
 			MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body})
 		if err != nil {
 			return fmt.Errorf("publish %s: %w", id, err)
@@ -61,11 +64,11 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 		body, _ := json.Marshal(map[string]any{"account": account, "amount": amount})
 		id := fmt.Sprintf("%s-%d", prefix, i)
 		res.expected[account] += amount
-		if err := send(id, body); err != nil {
+		if err := send(id, account, body); err != nil {
 			return res, err
 		}
 		if mrand.Float64() < o.dup {
-			if err := send(id, body); err != nil { // the producer retried
+			if err := send(id, account, body); err != nil { // the producer retried
 				return res, err
 			}
 		}

@@ -55,8 +55,12 @@ func newConsumer(o options, pool *pgxpool.Pool, tables idem.Tables, logger *slog
 		Name:     "quickstart",
 		Pool:     pool,
 		Queue:    o.queue,
-		Tables:   tables,
-		Logger:   logger,
+		// With -partitions, the queue is an exchange in front of that many
+		// partition queues, spread over the worker processes: one
+		// account's deposits stay in order across processes too.
+		Partitions: o.partitions,
+		Tables:     tables,
+		Logger:     logger,
 		// Deposits to one account go to one worker, in order, so batches
 		// running in parallel never increment the same row: the deferred
 		// increments below never wait for each other's locks.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem/internal/faultproxy"
 	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/partitions"
 )
 
 // DefaultURL is used when IDEM_AMQP_URL is not set.
@@ -72,6 +73,32 @@ func Queue(tb testing.TB) string {
 		}
 	})
 	return name
+}
+
+// PartitionsAtEnd deletes, when the test ends, what a consumer of queue
+// with n partitions declares beside queue's own (see Queue): the exchange
+// named queue and its partition and retry queues.
+func PartitionsAtEnd(tb testing.TB, queue string, n int) {
+	tb.Cleanup(func() {
+		conn, err := amqp.DialConfig(URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		for i := range n {
+			p := partitions.QueueName(queue, i)
+			for _, q := range []string{p, p + ".retry"} {
+				if ch, err := conn.Channel(); err == nil {
+					_, _ = ch.QueueDelete(q, false, false, false)
+					_ = ch.Close()
+				}
+			}
+		}
+		if ch, err := conn.Channel(); err == nil {
+			_ = ch.ExchangeDelete(queue, false, false)
+			_ = ch.Close()
+		}
+	})
 }
 
 // Proxy forwards TCP connections to the broker and can fail them for one
