@@ -1,18 +1,3 @@
-// Package amqpnodes reads and dials the nodes of a RabbitMQ cluster the way
-// idem does, for the code beside a worker: publishers, tools, tests.
-//
-// idem takes a cluster as a list of URLs, one per node
-// (consumer.Config.AMQPURLs, ledger.AMQPConfig.URLs,
-// deadletters.RedriveOptions.AMQPURLs), and where one string must carry
-// the list (the IDEM_AMQP_URL variable, the -amqp-url flags of the examples
-// and of the idem command) the URLs are separated by commas:
-//
-//	IDEM_AMQP_URL=amqp://app:secret@mq1:5672/,amqp://app:secret@mq2:5672/,amqp://app:secret@mq3:5672/
-//
-// Split reads such a string, refusing a malformed URL at once; Dial
-// connects to the first node that answers, in a shuffled order, so that a
-// fleet given one list spreads over the nodes and a lost node costs one
-// failed dial; Redact hides passwords for logs.
 package amqpnodes
 
 import (

@@ -171,3 +171,39 @@ func (e *env) createOrderedTables() {
 		CREATE TABLE `+s+`.applied (message_id text NOT NULL, label text NOT NULL)`)
 	require.NoError(e.t, err)
 }
+
+
+// A process of a partitioned consumer is ready while it consumes the
+// partitions it holds, and also while it holds none (more processes than
+// partitions): it stands by, and takes the partition of a process that
+// leaves.
+func TestAPartitionedConsumerHoldingNoPartitionIsAReadyStandby(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	testbroker.PartitionsAtEnd(t, e.queue, 1)
+	edit := func(c *Config) { c.Partitions = 1; c.OrderingKey = func(m *Message) string { return m.ID } }
+	e.declare(edit)
+	a, b := e.newConsumer(e.effectHandler(), edit), e.newConsumer(e.effectHandler(), edit)
+	stopA := start(t, a)
+	waitFor(t, 15*time.Second, "a ready", func() bool { return a.Health().Ready })
+	start(t, b)
+	waitFor(t, 15*time.Second, "b ready as a standby", func() bool { return b.Health().Ready })
+
+	publish := func(id string) {
+		ch := testbroker.Channel(t)
+		require.NoError(t, ch.Confirm(false))
+		dc, err := partitions.Publish(context.Background(), ch, e.queue, 1, id, amqp.Publishing{MessageId: id, Body: []byte(`{}`)})
+		require.NoError(t, err)
+		_, err = dc.WaitContext(context.Background())
+		require.NoError(t, err)
+	}
+	publish("m-1")
+	waitFor(t, 15*time.Second, "m-1 applied", func() bool { return e.effects()["m-1"] == 1 })
+	require.EqualValues(t, 1, a.Stats().Processed, "the holder applies it")
+
+	stopA()
+	publish("m-2")
+	waitFor(t, 15*time.Second, "m-2 applied by the standby", func() bool { return e.effects()["m-2"] == 1 })
+	require.EqualValues(t, 1, b.Stats().Processed)
+	require.True(t, b.Health().Ready, b.Health().Reason)
+}

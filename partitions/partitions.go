@@ -1,20 +1,3 @@
-// Package partitions is the publisher's side of a partitioned consumer
-// (consumer.Config.Partitions): per-key order across worker processes.
-//
-// A consumer with Partitions N declares an exchange named after its Queue,
-// of type x-consistent-hash (RabbitMQ's rabbitmq_consistent_hash_exchange
-// plugin), and N quorum queues behind it, QueueName(Queue, 0) …
-// QueueName(Queue, N-1), each bound with the same weight and consumed by
-// one process at a time (x-single-active-consumer). The exchange hashes
-// the routing key: publish each message with its ordering key (an account,
-// an order id) as the routing key, and all of one key's messages land in
-// one partition, in the order they were published. Route says where to
-// publish for a consumer with or without partitions; Publish publishes
-// there.
-//
-// N is fixed for the life of the queues: the exchange's hash ring is made of
-// the bindings, and changing N would send a key's later messages to
-// another partition than its earlier ones.
 package partitions
 
 import (

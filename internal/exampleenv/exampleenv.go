@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/internal/testbroker"
 	"github.com/idemkit/idem/internal/testdb"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/partitions"
 )
 
 // DB connects to PostgreSQL, migrates a fresh schema named after name, runs
@@ -86,6 +87,22 @@ func Publish(queue string, msg amqp.Publishing) {
 // DeleteQueues removes queue and the retry and dead-letter queues a
 // consumer declares for it.
 func DeleteQueues(queue string) { Delete(queue, queue+".retry", queue+".dlq") }
+
+// DeletePartitions removes what a consumer of queue with n partitions
+// declares: its exchange, its partitions and their retry queues, and its
+// dead-letter queue.
+func DeletePartitions(queue string, n int) {
+	names := []string{queue + ".dlq"}
+	for i := range n {
+		names = append(names, partitions.QueueName(queue, i), partitions.QueueName(queue, i)+".retry")
+	}
+	Delete(names...)
+	conn, ch := Channel()
+	defer conn.Close()
+	if err := ch.ExchangeDelete(queue, false, false); err != nil {
+		log.Fatal(err)
+	}
+}
 
 // Delete removes the named queues or streams.
 func Delete(names ...string) {
