@@ -172,7 +172,6 @@ func (e *env) createOrderedTables() {
 	require.NoError(e.t, err)
 }
 
-
 // A process of a partitioned consumer is ready while it consumes the
 // partitions it holds, and also while it holds none (more processes than
 // partitions): it stands by, and takes the partition of a process that
