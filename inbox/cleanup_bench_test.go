@@ -25,9 +25,9 @@ func fillScope(b *testing.B, pool *pgxpool.Pool, tables idem.Tables, n int) {
 	require.NoError(b, err)
 }
 
-// rescanSQL is how the scope of a swapped rebuild used to be deleted, the
-// baseline: each chunk looks for rows from the start of the scope, so it
-// reads again the dead index entries of every chunk before it.
+// rescanSQL is the baseline: a chunked delete whose chunks each look for
+// rows from the start of the scope, so that each reads again the dead
+// index entries of every chunk before it.
 const rescanSQL = `DELETE FROM %[1]s WHERE consumer = $1 AND message_id IN (
 	SELECT message_id FROM %[1]s WHERE consumer = $1 LIMIT $2)`
 

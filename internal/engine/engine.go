@@ -51,6 +51,8 @@
 // statement (ClaimBatch); a failure goes through records.go (dead-letter
 // rows, attempt counts) and queuesource/copies.go (the retry or dead-letter
 // copy). A stream or a replay enters run.go through RunOrdered (ordered.go).
+// A partitioned queue (queuesource/partitioned.go) runs step 2 once per
+// partition its process holds, each a Source of its own.
 package engine
 
 import (

@@ -105,7 +105,7 @@ func (t *Telemetry) idemInstruments(m metric.Meter) error {
 			*dst, err = m.Int64Counter(name, metric.WithDescription(desc))
 		}
 	}
-	counter(&t.messages, "idem.consumer.messages", "Messages by outcome: processed, duplicate, conflict, dead_lettered, retried, unresolved, postponed.")
+	counter(&t.messages, "idem.consumer.messages", "Messages by outcome: processed, duplicate, conflict, dead_lettered, retried, unresolved, skipped, held, postponed.")
 	counter(&t.decisions, "idem.consumer.inbox.decisions", "Inbox claims by decision: new, duplicate, conflict.")
 	counter(&t.deadLetters, "idem.consumer.dead_letters", "Messages dead-lettered, by reason.")
 	counter(&t.redelivered, "idem.consumer.redeliveries", "Deliveries the broker made before (redelivered, x-delivery-count), run alone.")

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/partlease"
 	"github.com/idemkit/idem/internal/retry"
@@ -148,31 +146,13 @@ func (p *Partitioned) BufferedBytes() int64 {
 	return n
 }
 
-// Held are the partitions this process consumes now.
-func (p *Partitioned) Held() []int { return p.lease.Status().Held }
-
 // Declare connects once and sets up every partition (its queue, retry
 // queue and binding), the exchange and the dead-letter queue, as
 // Config.Declare and Config.Passive say.
 func (p *Partitioned) Declare(ctx context.Context) error {
-	src := New(p.cfg, p.eng)
-	conn, sock, _, err := src.dial(ctx, p.cfg.ConnectionName, nil, p.cfg.AMQPURLs)
-	if err != nil {
-		return err
+	parts := make([]*Source, p.cfg.Partitions)
+	for i := range parts {
+		parts[i] = New(p.partition(i), p.eng)
 	}
-	defer func() { _ = conn.CloseDeadline(time.Now().Add(closeTimeout)) }()
-	var ch *amqp.Channel
-	if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	for i := range p.cfg.Partitions {
-		part := New(p.partition(i), p.eng)
-		if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = part.declare(conn, ch); return err }); err != nil {
-			if fatal(err) {
-				return fmt.Errorf("%w: topology: %v", ErrFatal, err)
-			}
-			return fmt.Errorf("topology: %w", err)
-		}
-	}
-	return nil
+	return declareAll(ctx, parts...)
 }

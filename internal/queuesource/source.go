@@ -189,7 +189,14 @@ const reconnectBaseDelay = 100 * time.Millisecond
 
 // Declare connects once and sets up the topology as Config.Topology says.
 // Each broker call is bounded by CommitTimeout and ends with ctx.
-func (src *Source) Declare(ctx context.Context) error {
+func (src *Source) Declare(ctx context.Context) error { return declareAll(ctx, src) }
+
+// declareAll connects once, with the first source's configuration, and
+// sets up the topology of each source (see Source.declare), each broker
+// call bounded by CommitTimeout and ctx. What redeclaring cannot fix wraps
+// ErrFatal.
+func declareAll(ctx context.Context, sources ...*Source) error {
+	src := sources[0]
 	conn, sock, _, err := src.dial(ctx, src.cfg.ConnectionName, nil, src.cfg.AMQPURLs)
 	if err != nil {
 		return err
@@ -199,8 +206,13 @@ func (src *Source) Declare(ctx context.Context) error {
 	if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = conn.Channel(); return err }); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := src.brokerCall(ctx, sock, func() (err error) { _, err = src.declare(conn, ch); return err }); err != nil {
-		return fmt.Errorf("topology: %w", err)
+	for _, s := range sources {
+		if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = s.declare(conn, ch); return err }); err != nil {
+			if fatal(err) {
+				return fmt.Errorf("%w: topology: %v", ErrFatal, err)
+			}
+			return fmt.Errorf("topology: %w", err)
+		}
 	}
 	return ctx.Err()
 }
