@@ -1,5 +1,7 @@
 package consumer
 
+import "github.com/idemkit/idem"
+
 // Stats counts what a Consumer did since it was created. The same numbers
 // are exported as OpenTelemetry metrics; Stats is for logs and tests.
 type Stats struct {
@@ -38,6 +40,10 @@ type Stats struct {
 	// StreamLag is the stream's sampled tail offset minus the checkpoint
 	// (stream consumers only).
 	StreamLag int64
+	// ByOutcome counts the messages of every outcome (idem.Outcomes), a
+	// payload conflict as DeadLettered: the fields above and the outcomes
+	// they do not name (Held, Skipped, Postponed).
+	ByOutcome map[idem.Outcome]int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -57,6 +63,10 @@ func (c *Consumer) Stats() Stats {
 		Contention:        k.Contention.Load(),
 		AbandonedHandlers: k.Abandoned.Load(),
 		StreamLag:         lag,
+		ByOutcome:         map[idem.Outcome]int64{},
+	}
+	for o, n := range k.ByOutcome {
+		s.ByOutcome[o] = n.Load()
 	}
 	if c.src != nil {
 		s.BufferedBytes = c.src.BufferedBytes()

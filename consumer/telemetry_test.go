@@ -65,6 +65,13 @@ func TestTelemetryCountsOutcomesAndSpansEachMessage(t *testing.T) {
 		return out
 	}
 	require.Equal(t, map[string]int64{"processed": 1, "duplicate": 1, "dead_lettered": 1}, sums("idem.consumer.messages", "outcome"))
+	byOutcome := map[string]int64{}
+	for o, n := range c.Stats().ByOutcome {
+		if n > 0 {
+			byOutcome[o.String()] = n
+		}
+	}
+	require.Equal(t, sums("idem.consumer.messages", "outcome"), byOutcome, "Stats.ByOutcome counts what the metric counts")
 	require.Equal(t, map[string]int64{"new": 2, "duplicate": 1}, sums("idem.consumer.inbox.decisions", "decision"))
 	require.Equal(t, map[string]int64{"permanent": 1}, sums("idem.consumer.dead_letters", "reason"))
 	require.Equal(t, map[string]int64{"receive": 3}, sums("messaging.client.consumed.messages", string(semconv.MessagingOperationNameKey)))

@@ -176,6 +176,10 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, inbox: ib, dead: dead, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
 		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name),
 		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}
+	e.Counts.ByOutcome = map[idem.Outcome]*atomic.Int64{}
+	for _, o := range idem.Outcomes() {
+		e.Counts.ByOutcome[o] = new(atomic.Int64)
+	}
 	if e.tel, err = newTelemetry(cfg.Name, cfg.Source, cfg.MeterProvider, cfg.TracerProvider, e.Lag.Value); err != nil {
 		return nil, fmt.Errorf("engine: telemetry: %w", err)
 	}
@@ -306,6 +310,10 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 type Counters struct {
 	Processed, Duplicates, Conflicts, DeadLettered, Retried, Unresolved atomic.Int64
 	Batches, AcksDropped, Reconnects, Abandoned, Contention, Postponed  atomic.Int64
+	// ByOutcome counts the results of every outcome idem.Outcomes lists, a
+	// payload conflict as a dead letter: an outcome added to idem is
+	// counted here, in consumer.Stats and in the metric without more code.
+	ByOutcome map[idem.Outcome]*atomic.Int64
 }
 
 // Count adds a batch's results to the counters and metrics: by outcome (a
@@ -314,7 +322,7 @@ type Counters struct {
 // have acted on the results (the broker was told).
 func (e *Engine) Count(ctx context.Context, res []Result) {
 	k, t := &e.Counts, e.tel
-	var counts [idem.Postponed + 1]int64
+	counts := map[idem.Outcome]int64{}
 	var conflicts int64
 	decisions := map[inbox.Decision]int64{}
 	for _, r := range res {
@@ -324,7 +332,7 @@ func (e *Engine) Count(ctx context.Context, res []Result) {
 		switch {
 		case r.Outcome == idem.DeadLettered && r.Reason == deadletters.ReasonPayloadConflict:
 			conflicts++
-		case int(r.Outcome) < len(counts):
+		default:
 			counts[r.Outcome]++
 		}
 		if r.Outcome == idem.DeadLettered {
@@ -342,8 +350,14 @@ func (e *Engine) Count(ctx context.Context, res []Result) {
 		t.messages.Add(ctx, conflicts, t.conflictOpt...)
 	}
 	for o, n := range counts {
-		if opts, ok := t.byOutcome[idem.Outcome(o)]; ok && n > 0 {
+		if opts, ok := t.byOutcome[o]; ok && n > 0 {
 			t.messages.Add(ctx, n, opts...)
+		}
+	}
+	counts[idem.DeadLettered] += conflicts
+	for o, n := range counts {
+		if c := k.ByOutcome[o]; c != nil && n > 0 {
+			c.Add(n)
 		}
 	}
 	for d, n := range decisions {
