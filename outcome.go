@@ -36,6 +36,11 @@ const (
 	// Postponed: it left its batch before writing anything, because another
 	// batch in flight writes its row; it runs in a later batch.
 	Postponed
+
+	// MaxOutcome is the last outcome: arrays indexed by Outcome
+	// (consumer.Stats.ByOutcome) have MaxOutcome+1 elements. A new outcome
+	// goes before it, and MaxOutcome names it.
+	MaxOutcome = Postponed
 )
 
 // outcomeNames are the outcomes' metric and log names.
@@ -62,7 +67,7 @@ func (o Outcome) Final() bool {
 // Outcomes lists every outcome, in order.
 func Outcomes() []Outcome {
 	out := make([]Outcome, 0, len(outcomeNames)-1)
-	for o := Processed; int(o) < len(outcomeNames); o++ {
+	for o := Processed; o <= MaxOutcome; o++ {
 		out = append(out, o)
 	}
 	return out

@@ -40,10 +40,10 @@ type Stats struct {
 	// StreamLag is the stream's sampled tail offset minus the checkpoint
 	// (stream consumers only).
 	StreamLag int64
-	// ByOutcome counts the messages of every outcome (idem.Outcomes), a
-	// payload conflict as DeadLettered: the fields above and the outcomes
-	// they do not name (Held, Skipped, Postponed).
-	ByOutcome map[idem.Outcome]int64
+	// ByOutcome counts the messages of every outcome, indexed by
+	// idem.Outcome (a payload conflict as DeadLettered): the fields above
+	// and the outcomes they do not name (Held, Skipped, Postponed).
+	ByOutcome [idem.MaxOutcome + 1]int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -63,10 +63,9 @@ func (c *Consumer) Stats() Stats {
 		Contention:        k.Contention.Load(),
 		AbandonedHandlers: k.Abandoned.Load(),
 		StreamLag:         lag,
-		ByOutcome:         map[idem.Outcome]int64{},
 	}
-	for o, n := range k.ByOutcome {
-		s.ByOutcome[o] = n.Load()
+	for o := range s.ByOutcome {
+		s.ByOutcome[o] = k.ByOutcome[o].Load()
 	}
 	if c.src != nil {
 		s.BufferedBytes = c.src.BufferedBytes()

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"github.com/idemkit/idem"
 	"context"
 	"errors"
 	"testing"
@@ -68,7 +69,7 @@ func TestTelemetryCountsOutcomesAndSpansEachMessage(t *testing.T) {
 	byOutcome := map[string]int64{}
 	for o, n := range c.Stats().ByOutcome {
 		if n > 0 {
-			byOutcome[o.String()] = n
+			byOutcome[idem.Outcome(o).String()] = n
 		}
 	}
 	require.Equal(t, sums("idem.consumer.messages", "outcome"), byOutcome, "Stats.ByOutcome counts what the metric counts")

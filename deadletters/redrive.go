@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,9 +53,10 @@ type RedriveOptions struct {
 	Pool *pgxpool.Pool
 	// Queue is where the messages go back to, through the default exchange.
 	// It must exist. For a partitioned consumer (consumer.Config.Partitions)
-	// it is the consumer's Queue, its exchange: each message goes back
-	// through it with the routing key it was first published with (its
-	// ordering key), to the partition of its key. Required.
+	// it is the consumer's Queue, its exchange: each message goes back to
+	// the partition of its key (through the exchange by the routing key it
+	// was delivered with; a message last delivered from its partition's
+	// retry queue, straight to that partition). Required.
 	Queue string
 	// Reason moves only messages dead-lettered for this reason (x-idem-reason,
 	// or the broker's own reason such as delivery_limit). Default: any.
@@ -269,9 +272,12 @@ func (r *redrive) partitioned() bool {
 }
 
 // route is where a taken message's copy goes: the queue through the
-// default exchange, or a partitioned consumer's exchange with the
-// message's original routing key (see partitioned); or back to the tail of
-// the dead-letter queue when it is not moved.
+// default exchange, or for a partitioned consumer (see partitioned) the
+// partition of its key: through the exchange by the routing key it was
+// delivered with, or, for a message delivered from its partition's retry
+// queue (whose route names the partition queue), straight to that
+// partition. A message not moved goes back to the tail of the dead-letter
+// queue.
 func (r *redrive) route(t taken) (exchange, key string) {
 	switch {
 	case !t.move:
@@ -279,19 +285,24 @@ func (r *redrive) route(t taken) (exchange, key string) {
 	case r.exchange == "":
 		return "", r.o.Queue
 	}
-	if k, ok := t.d.Headers[HeaderOriginalRoutingKey].(string); ok && k != "" {
-		return r.exchange, k
+	key, _ = t.d.Headers[HeaderOriginalRoutingKey].(string)
+	if isPartition(r.o.Queue, key) {
+		return "", key
 	}
-	if deaths, ok := t.d.Headers["x-death"].([]any); ok && len(deaths) > 0 {
-		if death, ok := deaths[0].(amqp.Table); ok {
-			if keys, ok := death["routing-keys"].([]any); ok && len(keys) > 0 {
-				if k, ok := keys[0].(string); ok && k != "" {
-					return r.exchange, k
-				}
-			}
-		}
+	if key == "" {
+		key = t.d.MessageId // no route: some partition, which the inbox serves as well
 	}
-	return r.exchange, t.d.MessageId // no key: some partition, which the inbox serves as well
+	return r.exchange, key
+}
+
+// isPartition reports whether name is one of queue's partition queues.
+func isPartition(queue, name string) bool {
+	rest, ok := strings.CutPrefix(name, queue+".p")
+	if !ok || rest == "" {
+		return false
+	}
+	i, err := strconv.Atoi(rest)
+	return err == nil && i >= 0 && partitions.QueueName(queue, i) == name
 }
 
 // channel opens a channel.

@@ -45,7 +45,9 @@ func TestCrashAfterCommitReplaysTheCommittedResult(t *testing.T) {
 
 func TestCrashBeforeCommitRunsOnceAfterTheLeaseExpires(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, httpinbox.Config{Lease: 200 * time.Millisecond})
+	// A lease long enough for the first retry to come within it on a busy
+	// machine, short enough for the test.
+	f := newFixture(t, httpinbox.Config{Lease: 2 * time.Second})
 	var crash atomic.Bool
 	crash.Store(true)
 	h := f.m.Handle(httpinbox.Route{Operation: "payments.create"}, func(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {

@@ -176,10 +176,6 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, inbox: ib, dead: dead, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
 		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name),
 		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}
-	e.Counts.ByOutcome = map[idem.Outcome]*atomic.Int64{}
-	for _, o := range idem.Outcomes() {
-		e.Counts.ByOutcome[o] = new(atomic.Int64)
-	}
 	if e.tel, err = newTelemetry(cfg.Name, cfg.Source, cfg.MeterProvider, cfg.TracerProvider, e.Lag.Value); err != nil {
 		return nil, fmt.Errorf("engine: telemetry: %w", err)
 	}
@@ -310,10 +306,11 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 type Counters struct {
 	Processed, Duplicates, Conflicts, DeadLettered, Retried, Unresolved atomic.Int64
 	Batches, AcksDropped, Reconnects, Abandoned, Contention, Postponed  atomic.Int64
-	// ByOutcome counts the results of every outcome idem.Outcomes lists, a
-	// payload conflict as a dead letter: an outcome added to idem is
-	// counted here, in consumer.Stats and in the metric without more code.
-	ByOutcome map[idem.Outcome]*atomic.Int64
+	// ByOutcome counts the results of every outcome, indexed by
+	// idem.Outcome, a payload conflict as a dead letter: an outcome added
+	// to idem is counted here, in consumer.Stats and in the metric without
+	// more code.
+	ByOutcome [idem.MaxOutcome + 1]atomic.Int64
 }
 
 // Count adds a batch's results to the counters and metrics: by outcome (a
@@ -356,8 +353,8 @@ func (e *Engine) Count(ctx context.Context, res []Result) {
 	}
 	counts[idem.DeadLettered] += conflicts
 	for o, n := range counts {
-		if c := k.ByOutcome[o]; c != nil && n > 0 {
-			c.Add(n)
+		if o <= idem.MaxOutcome && n > 0 {
+			k.ByOutcome[o].Add(n)
 		}
 	}
 	for d, n := range decisions {

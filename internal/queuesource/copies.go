@@ -83,20 +83,16 @@ func (src *Source) retry(d *delivery, r engine.Result) outgoing {
 }
 
 // republish copies d's properties and headers for publishing it again,
-// with the route it was first published with: a copy of a copy (a retried
-// message dead-lettered later) keeps the first route, which redriving a
-// partitioned consumer's dead letters reads (the routing key is the
-// ordering key). The user id is left out: the broker checks it against the
-// publishing connection's user.
+// with the route the broker delivered it by (whatever headers the
+// publisher set under those names). The user id is left out: the broker
+// checks it against the publishing connection's user.
 func (src *Source) republish(d *delivery) amqp.Publishing {
 	headers := make(amqp.Table, len(d.d.Headers)+8)
 	for k, v := range d.d.Headers {
 		headers[k] = v
 	}
-	if _, ok := headers[deadletters.HeaderOriginalRoutingKey].(string); !ok {
-		headers[deadletters.HeaderOriginalExchange] = d.it.Exchange
-		headers[deadletters.HeaderOriginalRoutingKey] = d.it.RoutingKey
-	}
+	headers[deadletters.HeaderOriginalExchange] = d.it.Exchange
+	headers[deadletters.HeaderOriginalRoutingKey] = d.it.RoutingKey
 	return amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.d.ContentType,

@@ -25,7 +25,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
@@ -406,15 +405,6 @@ func (src *Source) message(d *amqp.Delivery, received time.Time, m *idem.Message
 	}
 	if n, ok := HeaderInt(d.Headers, "x-delivery-count"); ok && n >= 0 {
 		m.DeliveryCount = n
-	}
-	// A retry comes back from the retry queue with that queue's route: it
-	// keeps the one it was published with, which its copy carries (and
-	// which a partitioned consumer's ordering key is by default).
-	if cameBackFrom(d.Headers, src.cfg.RetryQueue) {
-		if rk, ok := d.Headers[deadletters.HeaderOriginalRoutingKey].(string); ok {
-			m.RoutingKey = rk
-			m.Exchange, _ = d.Headers[deadletters.HeaderOriginalExchange].(string)
-		}
 	}
 }
 
