@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -313,7 +314,7 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 }
 
 // router hands deliveries to the workers, and suspects to the isolation
-// goroutine.
+// goroutine (with an ordering key, to their key's worker: see route).
 type router struct {
 	src      *Source
 	s        *session
@@ -434,7 +435,11 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 	}
 	dv.it.Returned = cameBackFrom(dv.d.Headers, src.cfg.RetryQueue)
 	in := r.suspects
-	if !dv.it.Suspect {
+	// With an ordering key a redelivery goes to its key's worker like the
+	// key's other messages, which runs it alone in its place (see
+	// runInOrder): run apart, it could be overtaken by a later message of
+	// its key.
+	if !dv.it.Suspect || src.cfg.OrderingKey != nil {
 		in = r.inputs[0]
 		if len(r.inputs) > 1 {
 			h := fnv.New32a()
@@ -532,8 +537,33 @@ func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{})
 			return // not started: left unacked for redelivery
 		default:
 		}
-		carry = src.runBatch(s, batch, carry)
+		carry = src.runInOrder(s, batch, carry, stop)
 	}
+}
+
+// runInOrder runs batch: with an ordering key a worker receives its keys'
+// redeliveries too (see router.route), and runs each alone in its place:
+// the messages before it as a batch, then it alone (a redelivery may be a
+// poison message that killed a worker), then the rest. Segments not
+// started when stop closes are left unacked for redelivery.
+func (src *Source) runInOrder(s *session, batch, carry []*delivery, stop <-chan struct{}) []*delivery {
+	for len(batch) > 0 {
+		i := slices.IndexFunc(batch, func(d *delivery) bool { return d.it.Suspect })
+		if i < 0 {
+			return src.runBatch(s, batch, carry)
+		}
+		if i > 0 {
+			carry = src.runBatch(s, batch[:i], carry)
+		}
+		select {
+		case <-stop:
+			return carry
+		default:
+		}
+		src.runAlone(s, batch[i])
+		batch = batch[i+1:]
+	}
+	return carry
 }
 
 // batchLimit is the most messages a worker takes into one batch.
@@ -572,7 +602,8 @@ func (src *Source) sessionPolicy(s *session) engine.Policy {
 }
 
 // isolate runs suspects one at a time, each alone (engine.RunAlone), until
-// stop is closed.
+// stop is closed. Without an ordering key, nothing orders a suspect after
+// the messages around it.
 func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan struct{}) {
 	for {
 		select {
@@ -584,10 +615,16 @@ func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan st
 				return // not started: left unacked for redelivery
 			default:
 			}
-			r := src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))
-			src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
+			src.runAlone(s, d)
 		}
 	}
+}
+
+// runAlone runs one suspected delivery alone (engine.RunAlone) and settles
+// it.
+func (src *Source) runAlone(s *session, d *delivery) {
+	r := src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))
+	src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
 }
 
 // HeaderInt reads an integer header of any AMQP integer type; other types
