@@ -1,9 +1,9 @@
 package consumer
 
 import (
-	"github.com/idemkit/idem"
 	"context"
 	"errors"
+	"github.com/idemkit/idem"
 	"testing"
 	"time"
 
