@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"github.com/idemkit/idem"
 	"testing"
 	"time"
 
@@ -16,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
 )
 
 // A processed, a duplicate and a dead-lettered delivery: the outcome
