@@ -57,7 +57,7 @@ vet:
 bench: services
 	$(GO) run ./bench/consumer -repeat 5
 	$(GO) run ./bench/competing -n 30000 -repeat 3
-	$(GO) run ./bench/partitions -repeat 5
+	$(GO) run ./bench/partitions -repeat 3
 	$(GO) test -run '^$$' -bench ProcessBatch -benchmem -count 3 ./consumer
 	$(GO) test -run '^$$' -bench Claim -benchtime 3s ./inbox/
 	$(GO) test -run '^$$' -bench BenchmarkDispatchHTTP -benchtime 20000x -count 3 ./ledger
