@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/url"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 // URL returns the AMQP URL of node, one of Nodes.
@@ -58,6 +61,14 @@ func (c *Cluster) Start(tb testing.TB, node string) {
 func (c *Cluster) Ctl(tb testing.TB, node string, args ...string) string {
 	tb.Helper()
 	return c.must(tb, append([]string{"ctl", node}, args...)...)
+}
+
+// Queues runs rabbitmq-queues against node with the cluster's environment
+// and returns what it printed: to move a quorum queue's members, for
+// example.
+func (c *Cluster) Queues(tb testing.TB, node string, args ...string) string {
+	tb.Helper()
+	return c.must(tb, append([]string{"queues", node}, args...)...)
 }
 
 // ctlAny runs rabbitmqctl on the first node that answers.
@@ -201,4 +212,23 @@ func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 	}
 	tb.Fatalf("testcluster: no queue %s", name)
 	return QuorumQueue{}
+}
+
+// DeleteQueues deletes the queues named through whichever node answers,
+// as a test's clean-up: it gives up quietly when none does.
+func (c *Cluster) DeleteQueues(names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, _, err := amqpnodes.Dial(ctx, c.AMQPURLs, amqp.Config{})
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	for _, name := range names {
+		_, _ = ch.QueueDelete(name, false, false, false)
+	}
 }

@@ -147,19 +147,7 @@ func quorumQueue(t *testing.T, c *testcluster.Cluster) string {
 	ch := channel(t, dial(t, urls[0]))
 	_, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		for _, u := range urls {
-			conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
-			if err != nil {
-				continue
-			}
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(name, false, false, false)
-			}
-			_ = conn.Close()
-			return
-		}
-	})
+	t.Cleanup(func() { c.DeleteQueues(name) })
 	return name
 }
 
