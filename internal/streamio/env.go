@@ -103,7 +103,12 @@ type Config struct {
 	// URI's host and port instead of the host the broker advertises for the
 	// stream. Use it behind a load balancer or when the advertised name does
 	// not resolve from here. It is always on when the URI's host is a
-	// loopback address. Default: false.
+	// loopback address. It applies to a single URI only: the nodes of a list
+	// are a cluster, whose members must be reachable where they advertise
+	// themselves (stream.advertised_host and stream.advertised_port), since
+	// the client connects a consumer or producer to the member it chose and
+	// retries, without end, a connection that lands on another. Default:
+	// false.
 	PinHost bool
 
 	// ProbeTimeout bounds how long Tail waits for the broker to deliver the
@@ -169,7 +174,7 @@ func Open(ctx context.Context, cfg Config) (*Env, error) {
 		return nil, err
 	}
 	for _, n := range nodes {
-		if _, err := environmentOptions(cfg, 0, n); err != nil {
+		if _, err := environmentOptions(cfg, 0, n, len(nodes)); err != nil {
 			return nil, err
 		}
 	}
@@ -200,10 +205,11 @@ func splitURIs(list string) ([]string, error) {
 }
 
 // environmentOptions are the client's options for a connection to the node
-// at uri: its connections (locator, consumers, producers) all go to that
-// node when the address is pinned (see Config.PinHost), so that a call
-// depends on the one node that answered.
-func environmentOptions(cfg Config, readBuffer int, uri string) (*stream.EnvironmentOptions, error) {
+// at uri, one of nodes URIs. When it is the only one and the address is
+// pinned (see Config.PinHost), all its connections (locator, consumers,
+// producers) go to it; the node of a list is the locator only, and
+// consumers and producers go to the members the broker advertises.
+func environmentOptions(cfg Config, readBuffer int, uri string, nodes int) (*stream.EnvironmentOptions, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
 		return nil, fmt.Errorf("streamio: open %s: %w", Redact(uri), redactErr(err))
@@ -219,7 +225,7 @@ func environmentOptions(cfg Config, readBuffer int, uri string) (*stream.Environ
 		// One TCP connection per consumer and per producer.
 		SetMaxConsumersPerClient(1).
 		SetMaxProducersPerClient(1)
-	if cfg.PinHost || isLoopback(u.Hostname()) {
+	if nodes == 1 && (cfg.PinHost || isLoopback(u.Hostname())) {
 		port := DefaultStreamPort
 		if p := u.Port(); p != "" {
 			if port, err = strconv.Atoi(p); err != nil {
@@ -254,7 +260,7 @@ func (e *Env) connect(ctx context.Context) (*stream.Environment, error) {
 
 // connectTo opens a client environment on the node at uri.
 func (e *Env) connectTo(ctx context.Context, uri string) (*stream.Environment, error) {
-	opts, err := environmentOptions(e.cfg, e.readBuffer, uri)
+	opts, err := environmentOptions(e.cfg, e.readBuffer, uri, len(e.nodes))
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +334,31 @@ func (e *Env) disconnect(env *stream.Environment) {
 	delete(e.live, env)
 	e.mu.Unlock()
 	if mine {
+		e.closeWithin(env, closeTimeout)
+	}
+}
+
+// closeTimeout bounds the wait for the client to close an environment. Its
+// Close takes the lock of the environment's producers or consumers, which a
+// client call that a context left behind may still hold (a producer being
+// created retries its connection until the broker's metadata settles):
+// past the bound, the caller goes on and the close completes on its own.
+const closeTimeout = 5 * time.Second
+
+// closeWithin closes env, waiting for it at most d.
+func (e *Env) closeWithin(env *stream.Environment, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
 		_ = env.Close()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		e.logger.Warn("streamio: a client environment did not close in time; it closes on its own",
+			slog.String("uri", e.uri), slog.Duration("waited", d))
 	}
 }
 
@@ -356,15 +386,18 @@ func isLoopback(host string) bool {
 
 // Close closes every connection the Env's calls hold: running Reads and
 // Follows return an error wrapping ErrConnectionLost, later calls ErrClosed.
+// It waits for each at most closeTimeout.
 func (e *Env) Close() error {
 	e.mu.Lock()
 	e.closed = true
 	live := e.live
 	e.live = nil
 	e.mu.Unlock()
+	var wg sync.WaitGroup
 	for env := range live {
-		_ = env.Close()
+		wg.Go(func() { e.closeWithin(env, closeTimeout) })
 	}
+	wg.Wait()
 	return nil
 }
 

@@ -179,7 +179,7 @@ func TestErrorsNeverShowThePassword(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cret")
 
-	_, err = environmentOptions(Config{}, 0, "amqp://u:s3cret@h/")
+	_, err = environmentOptions(Config{}, 0, "amqp://u:s3cret@h/", 1)
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "s3cret")
 }
@@ -200,33 +200,37 @@ func TestOpenWithWrongPasswordDoesNotLeakIt(t *testing.T) {
 
 func TestLoopbackURIPinsConnectionsToItsHost(t *testing.T) {
 	t.Parallel()
-	opts, err := environmentOptions(Config{}, 0, "rabbitmq-stream://guest:guest@127.0.0.1:5552/")
+	opts, err := environmentOptions(Config{}, 0, "rabbitmq-stream://guest:guest@127.0.0.1:5552/", 1)
 	require.NoError(t, err)
 	require.NotNil(t, opts.AddressResolver)
 	require.Equal(t, "127.0.0.1", opts.AddressResolver.Host)
 	require.Equal(t, 5552, opts.AddressResolver.Port)
 	require.Zero(t, opts.TCPParameters.ReadBuffer, "the kernel must autotune the read buffer")
 
-	opts, err = environmentOptions(Config{}, 0, "rabbitmq-stream://guest:guest@mq.example.com:5552/")
+	opts, err = environmentOptions(Config{}, 0, "rabbitmq-stream://guest:guest@mq.example.com:5552/", 1)
 	require.NoError(t, err)
 	require.Nil(t, opts.AddressResolver)
 
-	opts, err = environmentOptions(Config{PinHost: true}, 0, "rabbitmq-stream://guest:guest@mq.example.com/")
+	opts, err = environmentOptions(Config{PinHost: true}, 0, "rabbitmq-stream://guest:guest@mq.example.com/", 1)
 	require.NoError(t, err)
 	require.Equal(t, DefaultStreamPort, opts.AddressResolver.Port)
 }
 
-// Each node of a list is pinned to itself: a call that connected to one
-// node never sends its consumers to another.
-func TestEveryNodeOfAListIsItsOwnPin(t *testing.T) {
+// No node of a list is pinned, PinHost or not: a cluster's members are
+// reached where they advertise themselves, since the client retries
+// without end a consumer or producer connection that lands on another
+// member than the one it chose.
+func TestNoNodeOfAListIsPinned(t *testing.T) {
 	t.Parallel()
 	nodes, err := splitURIs("rabbitmq-stream://g:g@127.0.0.1:5561/, rabbitmq-stream://g:g@127.0.0.1:5562/")
 	require.NoError(t, err)
 	require.Len(t, nodes, 2)
-	for i, n := range nodes {
-		opts, err := environmentOptions(Config{}, 0, n)
-		require.NoError(t, err)
-		require.Equal(t, 5561+i, opts.AddressResolver.Port)
+	for _, n := range nodes {
+		for _, cfg := range []Config{{}, {PinHost: true}} {
+			opts, err := environmentOptions(cfg, 0, n, len(nodes))
+			require.NoError(t, err)
+			require.Nil(t, opts.AddressResolver, "consumers and producers go to the members the broker advertises")
+		}
 	}
 	_, err = splitURIs("rabbitmq-stream://g:s3cret@h1/,")
 	require.Error(t, err)

@@ -1,0 +1,90 @@
+//go:build cluster
+
+package stream_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/testcluster"
+	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/migrate"
+)
+
+// A stream consumer given every node of a cluster reads on while each node
+// in turn, whichever it reads from and the stream's leader among them, is
+// killed with kill -9, and applies every message of the stream exactly
+// once.
+func TestAStreamConsumerReadsOnWhileEachNodeInTurnIsKilled(t *testing.T) {
+	c := testcluster.Require(t)
+	pool, err := pgxpool.New(context.Background(), c.PGURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	tables := idem.Tables{Schema: testdb.Name(t, "t")}
+	_, err = migrate.Up(context.Background(), pool, tables)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+tables.QuotedSchema()+" CASCADE")
+	})
+	e := &env{t: t, pool: pool, tables: tables, eff: testrun.NewEffects(t, pool, tables)}
+
+	name := testdb.Name(t, "s")
+	publish := func(urls []string, from, to int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		env, err := streamio.Open(ctx, streamio.Config{URI: strings.Join(urls, ",")})
+		require.NoError(t, err)
+		defer env.Close()
+		if from == 0 {
+			require.NoError(t, env.DeclareStream(ctx, name, streamio.StreamOptions{}))
+		}
+		var out []streamio.Outgoing
+		for i := from; i < to; i++ {
+			out = append(out, streamio.Outgoing{MessageID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
+		}
+		require.NoError(t, env.Publish(ctx, name, out))
+	}
+	publish(c.StreamURLs, 0, 500)
+	t.Cleanup(func() { c.DeleteQueues(name) })
+
+	cfg := consumer.Config{Name: "test", Pool: pool, Tables: tables, Logger: testrun.Logger(),
+		AMQPURLs: c.AMQPURLs, ShutdownTimeout: 10 * time.Second}
+	cons, err := consumer.New(cfg)
+	require.NoError(t, err)
+	cons.Handle(e.effectHandler())
+	// The cluster's stream ports are not the default one that a URL derived
+	// from AMQPURLs would name.
+	s, err := stream.New(cons, stream.Config{Stream: name, URL: strings.Join(c.StreamURLs, ",")})
+	require.NoError(t, err)
+	start(t, s)
+	waitFor(t, time.Minute, "the first 500 messages applied", func() bool { return len(e.effects()) == 500 })
+
+	published := 500
+	for i, node := range c.Nodes {
+		c.Kill(t, node)
+		others := slices.Delete(slices.Clone(c.StreamURLs), i, i+1)
+		publish(others, published, published+300)
+		published += 300
+		waitFor(t, 2*time.Minute, fmt.Sprintf("%d messages applied with %s down", published, node),
+			func() bool { return len(e.effects()) == published })
+		c.Start(t, node)
+	}
+	counts := e.effects()
+	require.Len(t, counts, published)
+	for id, n := range counts {
+		require.Equal(t, 1, n, "%s applied once", id)
+	}
+}
