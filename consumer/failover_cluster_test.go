@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -505,4 +506,28 @@ func publishTickOf(ch *amqp.Channel, queue string, first, n int) error {
 		}
 	}
 	return nil
+}
+
+// A worker whose pool reaches a standby (a URL naming one node, or a
+// session that landed on it) is not ready, whatever its broker says: the
+// standby refuses every write.
+func TestAWorkerWhoseDatabaseIsAStandbyIsNotReady(t *testing.T) {
+	c := testcluster.Require(t)
+	pool, err := pgxpool.New(context.Background(), c.PGStandby(t))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	name, queue := testdb.Name(t, "w"), testdb.Name(t, "q")
+	t.Cleanup(func() { c.DeleteQueues(queue, queue+".retry", queue+".dlq") })
+	w, err := consumer.New(consumer.Config{
+		Name: name, Queue: queue, Pool: pool, AMQPURLs: c.AMQPURLs,
+		Tables: idem.Tables{Schema: testdb.Name(t, "f")}, Logger: testrun.Logger(),
+	})
+	require.NoError(t, err)
+	w.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	runWorker(t, w)
+	workerConnection(t, c, "idem:"+name)
+	testrun.WaitFor(t, 30*time.Second, "the worker reported not ready for its read-only database", func() bool {
+		h := w.Health()
+		return !h.Ready && strings.Contains(h.Reason, "read-only")
+	})
 }
