@@ -43,6 +43,10 @@ type AMQPConfig struct {
 	// handshake bounded by 10 seconds and by the deadline of the call that
 	// dials.
 	Dial func(url string) (*amqp.Connection, error)
+	// ConnectionName is the connection's name in the broker's management
+	// UI and rabbitmqctl list_connections (with the default Dial). Default:
+	// "idem:ledger".
+	ConnectionName string
 	// Logger receives reconnection logs. Default: slog.Default().
 	Logger *slog.Logger
 	// URL is the broker's AMQP URL when it is one node. Set it or URLs.

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -163,7 +164,9 @@ func setUp(conn *amqp.Connection) (*amqpSession, error) {
 // stops waiting for it and closes what it returns too late.
 func dial(ctx context.Context, cfg AMQPConfig, nodes []string) (*amqp.Connection, string, error) {
 	if cfg.Dial == nil {
-		conn, _, node, err := amqpconn.DialAny(ctx, nodes, amqp.Config{}, amqpDialTimeout, nil)
+		props := amqp.NewConnectionProperties()
+		props.SetClientConnectionName(cmp.Or(cfg.ConnectionName, "idem:ledger"))
+		conn, _, node, err := amqpconn.DialAny(ctx, nodes, amqp.Config{Properties: props}, amqpDialTimeout, nil)
 		if err != nil {
 			return nil, "", fmt.Errorf("dial: %w", err)
 		}
