@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -175,7 +174,7 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (message_id) VALUES ($1)`, m.ID)
 		return err
 	})
-	stopWorker := runWorker(tb, w)
+	stopWorker := testrun.Start(tb, w.Run)
 
 	var r failoverResult
 	conn := workerConnection(tb, c, "idem:"+name)
@@ -303,29 +302,6 @@ func countRows(pool *pgxpool.Pool, sql string) int {
 	return n
 }
 
-// runWorker runs w until the returned stop is called or the test ends; Run
-// must not have ended by itself.
-func runWorker(tb testing.TB, w *consumer.Consumer) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					tb.Errorf("Run: %v", err)
-				}
-			case <-time.After(time.Minute):
-				tb.Errorf("Run did not return within a minute of its context's end")
-			}
-		})
-	}
-	tb.Cleanup(stop)
-	return stop
-}
 
 // workerConnection waits for the worker's connection, named name, and
 // returns it.
@@ -524,7 +500,7 @@ func TestAWorkerWhoseDatabaseIsAStandbyIsNotReady(t *testing.T) {
 	})
 	require.NoError(t, err)
 	w.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
-	runWorker(t, w)
+	testrun.Start(t, w.Run)
 	workerConnection(t, c, "idem:"+name)
 	testrun.WaitFor(t, 30*time.Second, "the worker reported not ready for its read-only database", func() bool {
 		h := w.Health()

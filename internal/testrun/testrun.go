@@ -53,7 +53,7 @@ func (l *LogBuffer) String() string {
 
 // Start runs run until the test ends or stop is called; stop cancels its
 // context and requires run to return nil within 30s.
-func Start(t *testing.T, run func(ctx context.Context) error) (stop func()) {
+func Start(t testing.TB, run func(ctx context.Context) error) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
