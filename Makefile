@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test
+.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test cluster-bench soak-cluster
 
 # demo: the quickstart worker, then the payments chain
 # (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
@@ -35,17 +35,35 @@ services:
 # the production topology of scripts/cluster.sh: a private 3-node RabbitMQ
 # cluster and a PostgreSQL primary with a streaming standby, on spare ports.
 # It starts the topology, runs the packages one at a time (their faults are
-# cluster-wide) and removes the topology afterwards, pass or fail.
-# CLUSTER_RUN narrows the tests, as go test -run.
+# cluster-wide) and removes the topology afterwards, pass or fail. It runs
+# the tests of the cluster-tagged files only (their packages' other tests
+# are make test's); CLUSTER_RUN narrows them, as go test -run.
 CLUSTER_TEST_TIMEOUT ?= 30m
-CLUSTER_RUN ?=
-CLUSTER_PKGS = $(sort $(dir $(shell grep -rlE --include='*_test.go' '^//go:build.*\bcluster\b' .)))
+CLUSTER_FILES = $(shell grep -rlE --include='*_test.go' '^//go:build.*\bcluster\b' .)
+CLUSTER_PKGS = $(sort $(dir $(CLUSTER_FILES)))
+CLUSTER_RUN ?= ^($(shell grep -hoE '^func Test[A-Za-z0-9_]+' $(CLUSTER_FILES) | sed 's/^func //' | paste -sd'|'))$$
 
 cluster-test: services
 	status=0; \
 	./scripts/cluster.sh up >/dev/null && \
 	IDEM_CLUSTER=1 $(GO) test -race -count=1 -p 1 -tags cluster -timeout $(CLUSTER_TEST_TIMEOUT) \
 		-run '$(CLUSTER_RUN)' $(CLUSTER_PKGS) || status=$$?; \
+	./scripts/cluster.sh down; \
+	exit $$status
+
+# soak-cluster: the soak on the topology of scripts/cluster.sh, with
+# synchronous replication: beside SIGKILLed workers and closed connections it
+# kills RabbitMQ nodes (kill -9, started again) and fails the PostgreSQL
+# primary over (the old one rejoins as a standby), then checks the
+# invariants, on every example and the liveness worker.
+# Like cluster-test, it starts the topology and removes it afterwards, pass
+# or fail. Not part of `make test`: a few minutes more.
+soak-cluster:
+	status=0; \
+	./scripts/cluster.sh up --sync >/dev/null && eval "$$(./scripts/cluster.sh env)" && \
+	IDEM_AMQP_URL="$$IDEM_CLUSTER_AMQP_URLS" IDEM_STREAM_URL="$$IDEM_CLUSTER_STREAM_URLS" IDEM_PG_URL="$$IDEM_CLUSTER_PG_URL" \
+		$(GO) run ./internal/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 3m \
+		-faults node,pgfailover,kill,connections || status=$$?; \
 	./scripts/cluster.sh down; \
 	exit $$status
 
@@ -66,3 +84,15 @@ bench: services
 	$(GO) test -run '^$$' -bench RawRead -benchtime 5x -count 3 ./internal/streamio
 	$(GO) test -run '^$$' -bench Replay -benchtime 3x -count 2 ./replay
 	$(GO) test -run '^$$' -bench RebuildOf100k -benchtime 1x -count 3 ./examples/orders
+	$(GO) test -run '^$$' -bench DeleteScope -benchtime 1x -count 3 ./inbox/
+	$(MAKE) cluster-bench
+
+# cluster-bench: the failover figures of BENCHMARKS.md, on the topology of
+# scripts/cluster.sh, started and removed as for cluster-test.
+cluster-bench: services
+	status=0; \
+	./scripts/cluster.sh up >/dev/null && \
+	IDEM_CLUSTER=1 $(GO) test -count=1 -tags cluster -timeout $(CLUSTER_TEST_TIMEOUT) \
+		-run '^$$' -bench Failover -benchtime 1x -count 3 ./consumer/ || status=$$?; \
+	./scripts/cluster.sh down; \
+	exit $$status

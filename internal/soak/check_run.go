@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,6 +112,20 @@ func (h *harness) checkFaults(rep *report) {
 		}
 	}
 	rep.check("faults", "the workers recovered from every fault", len(stuck) == 0, summarize(stuck, ""))
+	if slices.ContainsFunc(h.cfg.faults, isClusterFault) {
+		var broken []string
+		restored := 0
+		for _, inj := range rep.Injections {
+			switch {
+			case inj.Unrestored != "":
+				broken = append(broken, fmt.Sprintf("%s at %s: %s", inj.Fault, inj.At.Round(time.Millisecond), inj.Unrestored))
+			case isClusterFault(inj.Fault) && inj.Skipped == "":
+				restored++
+			}
+		}
+		rep.check("faults", "every node killed ran again, every primary stopped came back as a synchronous standby", len(broken) == 0,
+			summarize(broken, fmt.Sprintf("%d put back", restored)))
+	}
 }
 
 // checkCompete checks that every process the compete fault added applied

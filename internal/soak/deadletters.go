@@ -8,6 +8,8 @@ import (
 	"sort"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/amqpnodes"
 )
 
 // checkDeadLetters checks that every expected dead letter is in the
@@ -40,7 +42,7 @@ func (h *harness) checkDeadLetters(ctx context.Context, rep *report, er *example
 		return nil // a stream consumer has no dead-letter queue
 	}
 	dlq := h.queue(ex) + ".dlq"
-	queued, limited, err := h.readDLQ(dlq)
+	queued, limited, err := h.readDLQ(ctx, dlq)
 	if err != nil {
 		return err
 	}
@@ -90,8 +92,8 @@ func matchDeadLetters(want, got []deadLetter) []string {
 // channel closes with the deliveries unacknowledged, so they go back). It
 // also lists the messages the broker dead-lettered at the queue's delivery
 // limit (an x-death entry with reason delivery_limit).
-func (h *harness) readDLQ(queue string) (out []deadLetter, limited []string, err error) {
-	conn, err := amqp.Dial(h.cfg.amqpURL)
+func (h *harness) readDLQ(ctx context.Context, queue string) (out []deadLetter, limited []string, err error) {
+	conn, _, err := amqpnodes.Dial(ctx, h.cfg.amqpURLs, amqp.Config{})
 	if err != nil {
 		return nil, nil, err
 	}

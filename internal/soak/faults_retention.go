@@ -248,7 +248,7 @@ func (h *harness) redriveDoor(ctx context.Context, ex example, hs []horizon, ope
 	dlq := h.queue(ex) + ".dlq"
 	d := door{Door: doorRedrive, Target: dlq}
 	newest, forgot := newestSighting(hs)
-	queued, _, err := h.readDLQ(dlq)
+	queued, _, err := h.readDLQ(ctx, dlq)
 	if err != nil {
 		return d.failed(err)
 	}
@@ -317,7 +317,7 @@ func (h *harness) operate(ctx context.Context, bin string, args ...string) (oper
 	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "IDEM_PG_URL="+pgURL, "IDEM_AMQP_URL="+h.cfg.amqpURL)
+	cmd.Env = append(os.Environ(), h.env(pgURL)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second

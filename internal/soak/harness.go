@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
+	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
@@ -44,11 +45,19 @@ type harness struct {
 	gatewayURL string
 	mailURL    string
 
-	db                   *monitor
-	pub                  *publisher
-	stream               string
-	tail                 int64 // the stream's last offset once publishing ended
-	amqpPort, streamPort int
+	db     *monitor
+	pub    *publisher
+	stream string
+	tail   int64 // the stream's last offset once publishing ended
+	// amqpPorts and streamPorts are the broker's ports, its nodes'.
+	amqpPorts, streamPorts map[int]bool
+
+	// cluster is scripts/cluster.sh's topology, with the node or
+	// pgfailover fault (nil without); restoring counts the cluster faults
+	// that have not put it back yet: the run has not settled before they
+	// have.
+	cluster   *cluster
+	restoring atomic.Int32
 
 	// floor is the retention fault's window W (retentionFloor); idem is
 	// the operator's command line, built for it.
@@ -118,14 +127,19 @@ func soak(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	var err error
-	if h.amqpPort, err = urlPort(cfg.amqpURL, 5672); err != nil {
-		return nil, err
+	if h.amqpPorts, err = portSet(cfg.amqpURLs, 5672); err != nil {
+		return nil, fmt.Errorf("IDEM_AMQP_URL: %w", err)
 	}
-	if h.streamPort, err = urlPort(cfg.streamURL, streamio.DefaultStreamPort); err != nil {
-		return nil, err
+	if h.streamPorts, err = portSet(splitList(cfg.streamURL), streamio.DefaultStreamPort); err != nil {
+		return nil, fmt.Errorf("IDEM_STREAM_URL: %w", err)
 	}
-	h.logf("run %s, seed %d: %d messages over %s, %d faults scheduled", h.run, cfg.seed, len(p.msgs),
-		window.Round(time.Second), len(events))
+	if slices.ContainsFunc(cfg.faults, isClusterFault) {
+		if h.cluster, err = openCluster(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+	h.logf("run %s, seed %d: %d messages over %s, %d faults scheduled; RabbitMQ %s, PostgreSQL %s", h.run, cfg.seed, len(p.msgs),
+		window.Round(time.Second), len(events), amqpurl.RedactAll(cfg.amqpURLs), amqpurl.Redact(cfg.pgURL))
 
 	if h.tmp, err = os.MkdirTemp("", "idem-soak-"+h.run+"-"); err != nil {
 		return nil, err
@@ -214,21 +228,23 @@ func checkSchedule(cfg config, window, floor time.Duration, events []event) erro
 			return fmt.Errorf("fault retention does not fit in this run: it cleans at the floor %s once rows are older than that, from %s on, "+
 				"and publishing takes %s: raise -n or lower -rate", floor, floor+retentionLead, window.Round(time.Second))
 		}
-		return fmt.Errorf("fault %s does not fit in this run (publishing takes %s; the dispatcher fault needs %s of lease before -duration-cap %s): raise -n or -duration-cap, or lower -rate",
+		return fmt.Errorf("fault %s does not fit in this run (publishing takes %s; the dispatcher and pgfailover faults need %s of lease before -duration-cap %s): raise -n or -duration-cap, or lower -rate",
 			f, window.Round(time.Second), dispatcherLease, cfg.durationCap)
 	}
 	return nil
 }
 
-func urlPort(raw string, def int) (int, error) {
-	u, err := url.Parse(raw)
+// portSet is the set of the URLs' ports, def standing for a missing one.
+func portSet(urls []string, def int) (map[int]bool, error) {
+	ports, err := portsOf(urls, def)
 	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", streamio.Redact(raw), err)
+		return nil, err
 	}
-	if u.Port() == "" {
-		return def, nil
+	set := map[int]bool{}
+	for _, p := range ports {
+		set[p] = true
 	}
-	return strconv.Atoi(u.Port())
+	return set, nil
 }
 
 // withAppName returns the PostgreSQL URL with application_name set.
@@ -263,9 +279,10 @@ func (h *harness) openMonitor(ctx context.Context) error {
 	return nil
 }
 
-// queueDepth is the number of ready messages in queue.
-func queueDepth(amqpURL, queue string) (int, error) {
-	conn, err := amqp.Dial(amqpURL)
+// queueDepth is the number of ready messages in queue, as any node of
+// urls that answers tells.
+func queueDepth(ctx context.Context, urls []string, queue string) (int, error) {
+	conn, _, err := amqpnodes.Dial(ctx, urls, amqp.Config{})
 	if err != nil {
 		return 0, err
 	}
@@ -300,7 +317,7 @@ func (h *harness) cleanup(rep *report) {
 		}
 		h.db.pool.Close()
 	}
-	if conn, err := amqp.Dial(h.cfg.amqpURL); err == nil {
+	if conn, _, err := amqpnodes.Dial(ctx, h.cfg.amqpURLs, amqp.Config{}); err == nil {
 		for _, ex := range h.queueExamples() {
 			for _, q := range []string{h.queue(ex), h.queue(ex) + ".retry", h.queue(ex) + ".dlq"} {
 				if ch, err := conn.Channel(); err == nil {

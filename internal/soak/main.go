@@ -43,6 +43,30 @@
 //     remembers every row the cleanup deleted, and fails when one of their
 //     messages is claimed again.
 //
+// Two more faults break the production topology of scripts/cluster.sh (a
+// 3-node RabbitMQ cluster, a PostgreSQL primary with a streaming standby),
+// and only it: the soak refuses them unless IDEM_AMQP_URL, IDEM_STREAM_URL
+// and IDEM_PG_URL name its nodes (the IDEM_CLUSTER_* URLs that
+// scripts/cluster.sh env prints) and every part of it is up. make
+// soak-cluster runs them.
+//
+//   - node: kill -9 of a RabbitMQ node the workers are connected to (the
+//     one killed the fewest times), started again 5s later; one node down
+//     at a time, so that a majority always serves. The workers, given every
+//     node, dial the others; so does the soak's publisher, which publishes
+//     again what its lost connection left unconfirmed.
+//   - pgfailover: the primary stopped at once and the standby promoted
+//     (scripts/cluster.sh pg-failover); 5s later the old primary rejoins
+//     as a standby (pg-rejoin). The workers follow through the multi-host
+//     URL (target_session_attrs=read-write). It needs synchronous
+//     replication (scripts/cluster.sh pg-mode sync, or up --sync): with
+//     asynchronous replication a failover loses acked writes by design,
+//     and the soak refuses to run it.
+//
+// The run does not settle before the node killed runs again and the old
+// primary is a synchronous standby again; with these faults, rabbitmqctl
+// runs through scripts/cluster.sh on a node that is up.
+//
 // When everything has settled it checks that every valid message took effect
 // exactly once and every bad one is in the dead letters with its reason (and
 // no healthy one, nor any the broker dead-lettered at its delivery limit),
@@ -51,13 +75,21 @@
 //	go run ./internal/soak [-n 2000] [-rate 60] [-dup 0.2] [-conflict 0.01] [-malformed 0.01]
 //	                       [-faults kill,connections,backends,dispatcher,gateway,hang,crash,compete,retention] [-fault-every 4s]
 //	                       [-duration-cap 2m] [-examples quickstart,payments,orders,liveness] [-seed N] [-json FILE]
-//	go run ./internal/soak worker [-queue Q] [-schema S] [-tag T] [-handler-timeout 2s] [-max-attempts 2]
+//	                       [-amqp-url URL[,URL...]]
+//	go run ./internal/soak -faults node,pgfailover,kill,connections -examples quickstart,payments,liveness -duration-cap 3m
+//	go run ./internal/soak worker [-queue Q] [-schema S] [-tag T] [-handler-timeout 2s] [-max-attempts 2] [-amqp-url URL[,URL...]]
 //
 // Every run uses its own schemas, queues and stream (named after a random run
 // id) and removes them at the end (-keep leaves them, and the worker logs,
-// for inspection). IDEM_PG_URL, IDEM_AMQP_URL and IDEM_STREAM_URL say where
-// PostgreSQL and RabbitMQ are; rabbitmqctl and ss must be runnable (as root,
-// or with -rabbitmqctl "docker exec rabbit rabbitmqctl").
+// for inspection). IDEM_PG_URL, IDEM_AMQP_URL (or -amqp-url) and
+// IDEM_STREAM_URL say where PostgreSQL and RabbitMQ are; for a cluster,
+// IDEM_AMQP_URL lists its nodes' URLs separated by commas, IDEM_STREAM_URL
+// their stream URLs likewise (derived from IDEM_AMQP_URL's when unset), and
+// IDEM_PG_URL may list a primary and its standbys with
+// target_session_attrs=read-write. The soak hands them to every process it
+// starts, and logs them with their passwords hidden. rabbitmqctl and ss must
+// be runnable (as root, or with -rabbitmqctl "docker exec rabbit
+// rabbitmqctl").
 package main
 
 import (
@@ -73,6 +105,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
@@ -99,12 +132,19 @@ type config struct {
 	keep        bool
 	rabbitmqctl []string
 
-	pgURL, amqpURL, streamURL string
-	logOut                    io.Writer // progress lines
+	pgURL     string    // one host, or a primary and its standbys (target_session_attrs=read-write)
+	amqpURLs  []string  // the broker's nodes
+	streamURL string    // the stream protocol URI of each node, comma-separated
+	logOut    io.Writer // progress lines
 }
 
 // allFaults are the faults -faults can enable.
-var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete, faultRetention}
+var allFaults = []string{faultKill, faultConnections, faultBackends, faultDispatcher, faultGateway, faultHang, faultCrash, faultCompete, faultRetention,
+	faultNode, faultPGFailover}
+
+// defaultFaults are the faults a run injects without -faults: all but the
+// cluster faults, which need scripts/cluster.sh's topology.
+var defaultFaults = slices.DeleteFunc(slices.Clone(allFaults), isClusterFault)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -149,29 +189,40 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg := config{
-		pgURL:     envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
-		amqpURL:   envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		streamURL: streamio.URLFromEnv(),
-		logOut:    stderr,
+		pgURL:  envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		logOut: stderr,
 	}
+	amqpURL := fs.String("amqp-url", envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		"RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL); the stream URLs are $IDEM_STREAM_URL, or derived from these")
 	fs.IntVar(&cfg.n, "n", 2000, "valid messages, split evenly between the examples")
 	fs.Float64Var(&cfg.rate, "rate", 60, "messages published per second, copies and bad messages included")
 	fs.Float64Var(&cfg.dup, "dup", 0.2, "share of valid messages published again (payments: half of them as producer retries under a new id; liveness: right after the original)")
 	fs.Float64Var(&cfg.conflict, "conflict", 0.01, "share of valid messages whose id is published again with another payload")
 	fs.Float64Var(&cfg.malformed, "malformed", 0.01, "share of additional messages that can never be processed (bad JSON, missing fields, no message id)")
-	faults := fs.String("faults", strings.Join(allFaults, ","), "faults to inject (any of "+strings.Join(allFaults, ",")+"), or none")
+	faults := fs.String("faults", strings.Join(defaultFaults, ","), "faults to inject (any of "+strings.Join(allFaults, ",")+"), or none; "+
+		"node and pgfailover need the URLs to point at scripts/cluster.sh's cluster, with synchronous replication for pgfailover")
 	fs.DurationVar(&cfg.faultEvery, "fault-every", 4*time.Second, "mean time between two faults")
 	fs.DurationVar(&cfg.durationCap, "duration-cap", 2*time.Minute, "publishing and settling must end within this (the build is not counted)")
 	examples := fs.String("examples", "quickstart,payments,orders,liveness", "workloads to drive: the examples, and the soak's own liveness worker")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "seed of the load and the fault schedule (0: random, printed)")
 	fs.StringVar(&cfg.jsonFile, "json", "", "also write the report as JSON to this file")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the schemas, queues, stream and worker logs")
-	ctl := fs.String("rabbitmqctl", "rabbitmqctl", "command that runs rabbitmqctl (split on spaces)")
+	ctl := fs.String("rabbitmqctl", "rabbitmqctl", "command that runs rabbitmqctl (split on spaces); with the node or pgfailover fault, "+
+		"scripts/cluster.sh ctl on a node that is up")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if cfg.amqpURLs, err = amqpnodes.Split(*amqpURL); err != nil {
+		return cfg, fmt.Errorf("-amqp-url: %w", err)
+	}
+	if cfg.streamURL = os.Getenv("IDEM_STREAM_URL"); cfg.streamURL == "" {
+		if cfg.streamURL, err = streamio.StreamURLs(cfg.amqpURLs); err != nil {
+			return cfg, fmt.Errorf("-amqp-url: %w", err)
+		}
 	}
 	cfg.rabbitmqctl = strings.Fields(*ctl)
 	for _, name := range splitList(*examples) {

@@ -22,13 +22,9 @@ import (
 // and not `go run`; and the command-line packages of cli (idem, for the
 // retention fault), each into dir under its last path element.
 func build(ctx context.Context, dir string, examples []example, cli ...string) (map[example]string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	root, err := moduleRoot(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("find the module: go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return nil, errors.New("run the soak from inside the idem module")
+		return nil, err
 	}
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	bins := map[example]string{}
@@ -38,13 +34,26 @@ func build(ctx context.Context, dir string, examples []example, cli ...string) (
 	}
 	args = append(args, cli...)
 	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = filepath.Dir(mod)
+	cmd.Dir = root
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("go build the examples: %w\n%s", err, stderr.String())
 	}
 	return bins, nil
+}
+
+// moduleRoot is the directory of the idem module the soak runs in.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module: go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run the soak from inside the idem module")
+	}
+	return filepath.Dir(mod), nil
 }
 
 // proc is one supervised process: a worker, the gateway or the mail stub. A

@@ -10,11 +10,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
 // publisher sends the plan at the configured rate: queue messages with
-// publisher confirms, stream messages in small confirmed batches. It records
+// publisher confirms (a sender, which survives the loss of its node),
+// stream messages in small confirmed batches. It records
 // when each message was sent (the creation time of stream messages, which
 // the orders projection stores) and which probes went out when.
 type publisher struct {
@@ -47,19 +49,11 @@ func newPublisher(h *harness, p plan) *publisher {
 // run publishes the whole plan, paced at rate, and returns when every
 // message is confirmed.
 func (pub *publisher) run(ctx context.Context, start time.Time) error {
-	conn, err := amqp.DialConfig(pub.h.cfg.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-soak-publisher"}})
-	if err != nil {
-		return fmt.Errorf("publisher: connect to rabbitmq: %w", err)
+	s := &sender{urls: pub.h.cfg.amqpURLs, name: "idem-soak-publisher", logf: pub.h.logf}
+	if err := s.dial(ctx); err != nil {
+		return fmt.Errorf("publisher: %w", err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("publisher: channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return fmt.Errorf("publisher: confirm mode: %w", err)
-	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	defer s.close()
 
 	streamQ := make(chan int, 4096)
 	streamErr := make(chan error, 1)
@@ -69,29 +63,12 @@ func (pub *publisher) run(ctx context.Context, start time.Time) error {
 		return <-streamErr
 	}
 
-	type pending struct {
-		dc *amqp.DeferredConfirmation
-		i  int
-	}
-	var waiting []pending
 	flush := func() error {
-		for _, p := range waiting {
-			ok, err := p.dc.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("publisher: confirm: %w", err)
-			}
-			if !ok {
-				return errors.New("publisher: the broker refused a message")
-			}
-			pub.sent(p.i, time.Now())
+		done, err := s.flush(ctx)
+		for _, i := range done {
+			pub.sent(i, time.Now())
 		}
-		waiting = waiting[:0]
-		select {
-		case r := <-returns:
-			return fmt.Errorf("publisher: message %s was unroutable: %s", r.MessageId, r.ReplyText)
-		default:
-			return nil
-		}
+		return err
 	}
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -109,14 +86,13 @@ func (pub *publisher) run(ctx context.Context, start time.Time) error {
 				}
 				continue
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", pub.h.queue(m.ex), true, false, amqp.Publishing{
+			err := s.publish(ctx, next, pub.h.queue(m.ex), amqp.Publishing{
 				MessageId: m.id, CorrelationId: m.corr, ContentType: "application/json",
 				DeliveryMode: amqp.Persistent, Timestamp: time.Now(), Body: m.body})
 			if err != nil {
 				_ = stopStream()
-				return fmt.Errorf("publisher: publish: %w", err)
+				return err
 			}
-			waiting = append(waiting, pending{dc, next})
 		}
 		if err := flush(); err != nil {
 			_ = stopStream()
@@ -143,7 +119,11 @@ func (pub *publisher) run(ctx context.Context, start time.Time) error {
 }
 
 // streamLoop publishes the stream messages handed over on q, every 100ms
-// what has accumulated, until q is closed.
+// what has accumulated, until q is closed. A batch that fails or takes
+// longer than streamCallTimeout (its node went, the stream is electing a
+// leader) is published again, with the same creation times, until it is
+// confirmed or ctx ends: copies it had stored are duplicates, the first of
+// which sets the order's updated_at.
 func (pub *publisher) streamLoop(ctx context.Context, q <-chan int) error {
 	env, err := streamio.Open(ctx, streamio.Config{URI: pub.h.cfg.streamURL, Logger: pub.h.quiet})
 	if err != nil {
@@ -165,8 +145,22 @@ func (pub *publisher) streamLoop(ctx context.Context, q <-chan int) error {
 			m := pub.plan.msgs[i]
 			out[j] = streamio.Outgoing{MessageID: m.id, Body: m.body, ContentType: "application/json", CreationTime: at}
 		}
-		if err := env.Publish(ctx, pub.h.stream, out); err != nil {
-			return fmt.Errorf("publisher: %w", err)
+		for try := 1; ; try++ {
+			tctx, cancel := context.WithTimeout(ctx, streamCallTimeout)
+			err := env.Publish(tctx, pub.h.stream, out)
+			cancel()
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil || errors.Is(err, streamio.ErrAccessRefused) {
+				return fmt.Errorf("publisher: %w", err)
+			}
+			pub.h.logf("publisher: %d stream messages not confirmed (try %d), publishing them again: %v", len(out), try, err)
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("publisher: %w (last: %w)", ctx.Err(), err)
+			case <-time.After(time.Second):
+			}
 		}
 		for _, i := range batch {
 			pub.sent(i, at)
@@ -194,6 +188,10 @@ func (pub *publisher) streamLoop(ctx context.Context, q <-chan int) error {
 		}
 	}
 }
+
+// streamCallTimeout bounds one call of the soak's own to the stream
+// protocol, confirms included.
+const streamCallTimeout = 15 * time.Second
 
 // sent records that message i was confirmed, sent at at.
 func (pub *publisher) sent(i int, at time.Time) {
@@ -244,7 +242,7 @@ func (pub *publisher) finished() time.Time {
 // publishOne publishes one persistent message to queue and waits for the
 // broker's confirm (the fault injector's messages, outside the plan).
 func (h *harness) publishOne(ctx context.Context, queue, id string, body []byte) error {
-	conn, err := amqp.DialConfig(h.cfg.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": "idem-soak-injector"}})
+	conn, _, err := amqpnodes.Dial(ctx, h.cfg.amqpURLs, amqp.Config{Properties: amqp.Table{"connection_name": "idem-soak-injector"}})
 	if err != nil {
 		return fmt.Errorf("injector: connect to rabbitmq: %w", err)
 	}

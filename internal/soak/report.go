@@ -103,6 +103,8 @@ func (r *report) finish(cfg config) {
 		faultCrash:       "poison published → it was dead-lettered and a message published after it processed",
 		faultCompete:     "two more processes started → a message published after it processed",
 		faultRetention:   "inbox cleaned at the floor → a message published after it processed, in every example",
+		faultNode:        "node killed → a message published after it processed, in every example",
+		faultPGFailover:  "primary stopped → a message published after it processed, in every example",
 	}
 	for _, f := range cfg.faults {
 		if f == faultGateway {
@@ -208,6 +210,9 @@ func (r *report) print(w io.Writer) {
 		}
 		if inj.Outcome != "" {
 			state += "; " + inj.Outcome
+		}
+		if inj.Unrestored != "" {
+			state += "; NOT PUT BACK: " + inj.Unrestored
 		}
 		fmt.Fprintf(w, "- %7s  %-11s %-10s %s — %s\n", dur(inj.At), inj.Fault, inj.Target, inj.Detail, state)
 		for _, d := range inj.Doors {

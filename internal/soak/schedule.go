@@ -62,11 +62,13 @@ type event struct {
 // first), then one every
 // cfg.faultEvery on average, at random moments, until 3s before the end.
 // Faults that can leave a claimed effect behind for a whole lease (the
-// dispatcher fault, a kill of a worker that dispatches) come only in the
-// first half and early enough for the lease to end well before
-// cfg.durationCap: later ones are replaced (kills hit quickstart or
-// liveness, which dispatch nothing). A compete event within competeFor of
-// the previous one is replaced too.
+// dispatcher fault, a kill of a worker that dispatches, a PostgreSQL
+// failover under a dispatcher writing its outcomes) come only in the first
+// half and early enough for the lease to end well before cfg.durationCap:
+// later ones are replaced (kills hit quickstart or liveness, which dispatch
+// nothing). An event too close to the previous one of its fault is
+// replaced too: compete within competeFor, node within nodeEvery,
+// pgfailover within failoverEvery.
 //
 // The retention fault cleans at the floor: it comes only once rows older
 // than floor exist (floor + retentionLead after the start), at most once
@@ -110,34 +112,35 @@ func schedule(cfg config, window, floor time.Duration) []event {
 		out = append(out, event{at: at, fault: active[r.IntN(len(active))]})
 	}
 	earliest := floor + retentionLead
-	competing, retaining := time.Duration(-1), time.Duration(-1) // the last such events (out is in time order)
+	// spacing is how far apart two events of a fault must be, last when
+	// each fault came last (out is in time order).
+	spacing := map[string]time.Duration{faultCompete: competeFor, faultRetention: floor, faultNode: nodeEvery, faultPGFailover: failoverEvery}
+	lastAt := map[string]time.Duration{}
 	for i := range out {
 		e := &out[i]
 		late := e.at > stranding
 		var not []string
 		if late {
-			not = append(not, faultDispatcher)
+			not = append(not, faultDispatcher, faultPGFailover)
 		}
-		if competing >= 0 && e.at-competing < competeFor {
-			not = append(not, faultCompete)
-		}
-		if e.at < earliest || retaining >= 0 && e.at-retaining < floor {
+		if e.at < earliest {
 			not = append(not, faultRetention)
+		}
+		for f, gap := range spacing {
+			if t, ok := lastAt[f]; ok && e.at-t < gap {
+				not = append(not, f)
+			}
 		}
 		if slices.Contains(not, e.fault) {
 			e.fault = pickOther(r, active, not...)
 		}
-		switch e.fault {
-		case faultCompete:
-			competing = e.at
-		case faultRetention:
-			retaining = e.at
-		case faultKill:
+		lastAt[e.fault] = e.at
+		if e.fault == faultKill {
 			e.target = killTarget(r, cfg.examples, late)
 		}
 	}
 	out = slices.DeleteFunc(out, func(e event) bool { return e.fault == "" || e.target < 0 })
-	if slices.Contains(active, faultRetention) && retaining < 0 && last > earliest {
+	if _, retaining := lastAt[faultRetention]; slices.Contains(active, faultRetention) && !retaining && last > earliest {
 		at := earliest + time.Duration(r.Int64N(int64(last-earliest)))
 		i := slices.IndexFunc(out, func(e event) bool { return e.at > at })
 		if i < 0 {

@@ -13,30 +13,28 @@ import (
 	"github.com/idemkit/idem/internal/streamio"
 )
 
-// settle waits until the run has nothing left to do: every worker running,
+// settle waits until the run has nothing left to do: the cluster whole
+// again after the cluster faults (then it reads the stream's tail), every
+// worker running,
 // the queues and retry queues empty with nothing unacknowledged, the orders
 // checkpoint at the stream's tail, and no capture or e-mail effect pending,
 // in flight or waiting for a retry — twice in a row, a second apart.
 func (h *harness) settle(ctx context.Context) error {
 	h.tail = -1
-	if h.cfg.runs(orders) {
-		env, err := streamio.Open(ctx, streamio.Config{URI: h.cfg.streamURL, Logger: h.quiet})
-		if err != nil {
-			return err
-		}
-		last, ok, err := env.Tail(ctx, h.stream)
-		env.Close()
-		if err != nil {
-			return err
-		}
-		if ok {
-			h.tail = last
-		}
-	}
+	tailRead := !h.cfg.runs(orders)
 	stable := 0
 	state := "not checked yet"
 	for {
-		busy, err := h.busy(ctx, h.tail)
+		busy, err := "the cluster is not whole again yet: a node killed, or the old PostgreSQL primary not a standby yet", error(nil)
+		if h.restoring.Load() == 0 {
+			if !tailRead {
+				err = h.readTail(ctx)
+				tailRead = err == nil
+			}
+			if err == nil {
+				busy, err = h.busy(ctx, h.tail)
+			}
+		}
 		switch {
 		case err != nil:
 			state, stable = err.Error(), 0
@@ -56,6 +54,26 @@ func (h *harness) settle(ctx context.Context) error {
 	}
 }
 
+// readTail reads the orders stream's last offset into h.tail, within
+// streamCallTimeout.
+func (h *harness) readTail(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, streamCallTimeout)
+	defer cancel()
+	env, err := streamio.Open(ctx, streamio.Config{URI: h.cfg.streamURL, Logger: h.quiet})
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	last, ok, err := env.Tail(ctx, h.stream)
+	if err != nil {
+		return err
+	}
+	if ok {
+		h.tail = last
+	}
+	return nil
+}
+
 // busy says what is still going on, or "" when nothing is.
 func (h *harness) busy(ctx context.Context, tail int64) (string, error) {
 	if h.retaining.Load() > 0 {
@@ -68,7 +86,7 @@ func (h *harness) busy(ctx context.Context, tail int64) (string, error) {
 	}
 	for _, ex := range h.queueExamples() {
 		for _, q := range []string{h.queue(ex), h.queue(ex) + ".retry"} {
-			n, err := queueDepth(h.cfg.amqpURL, q)
+			n, err := queueDepth(ctx, h.cfg.amqpURLs, q)
 			if err != nil {
 				return "", err
 			}
@@ -187,11 +205,17 @@ func (h *harness) closeAMQP(ctx context.Context, ports map[int]bool) (int, error
 }
 
 // rabbitmqctl runs rabbitmqctl with args, trying again twice: listing
-// commands fail now and then on connections that are being set up.
+// commands fail now and then on connections that are being set up. With
+// the cluster faults it runs on a node that is up, through
+// scripts/cluster.sh.
 func (h *harness) rabbitmqctl(ctx context.Context, args ...string) ([]byte, error) {
 	var lastErr error
 	for range 3 {
-		cmd := exec.CommandContext(ctx, h.cfg.rabbitmqctl[0], append(h.cfg.rabbitmqctl[1:], args...)...)
+		ctl := h.cfg.rabbitmqctl
+		if h.cluster != nil {
+			ctl = h.cluster.ctl()
+		}
+		cmd := exec.CommandContext(ctx, ctl[0], append(ctl[1:], args...)...)
 		out, err := cmd.Output()
 		if err == nil {
 			return out, nil

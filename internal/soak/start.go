@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/streamio"
@@ -48,8 +49,7 @@ func (h *harness) startAll(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		p := &proc{name: ex.String(), path: h.bins[ex], restart: true, logDir: h.logDir,
-			env: []string{"IDEM_PG_URL=" + pgURL, "IDEM_AMQP_URL=" + h.cfg.amqpURL}}
+		p := &proc{name: ex.String(), path: h.bins[ex], restart: true, logDir: h.logDir, env: h.env(pgURL)}
 		switch ex {
 		case liveness:
 			p = h.livenessProc(ex.String(), pgURL)
@@ -72,9 +72,16 @@ func (h *harness) startAll(ctx context.Context) error {
 // livenessProc is a process of the liveness worker (`soak worker`) tagged
 // tag; every process of it has the same consumer Name, queue and schema.
 func (h *harness) livenessProc(tag, pgURL string) *proc {
-	return &proc{name: tag, path: h.bins[liveness], restart: true, poison: true, logDir: h.logDir,
-		env:  []string{"IDEM_PG_URL=" + pgURL, "IDEM_AMQP_URL=" + h.cfg.amqpURL},
+	return &proc{name: tag, path: h.bins[liveness], restart: true, poison: true, logDir: h.logDir, env: h.env(pgURL),
 		args: []string{"worker", "-queue", h.queue(liveness), "-schema", h.schema(liveness), "-tag", tag}}
+}
+
+// env is the environment the run gives the processes it starts: where
+// PostgreSQL is (pgURL, with the process's application_name) and every
+// node of the broker, in the variables the examples, the idem command and
+// the liveness worker read.
+func (h *harness) env(pgURL string) []string {
+	return []string{"IDEM_PG_URL=" + pgURL, "IDEM_AMQP_URL=" + strings.Join(h.cfg.amqpURLs, ","), "IDEM_STREAM_URL=" + h.cfg.streamURL}
 }
 
 // gatewayFaults are the gateway's fault flags: with the gateway fault, 5%
@@ -130,6 +137,6 @@ func (h *harness) ready(ctx context.Context, ex example) (bool, error) {
 			h.db.t(orders, "checkpoints"), h.db.table(orders, "order_overview")).Scan(&ok)
 		return ok, err
 	}
-	_, err := queueDepth(h.cfg.amqpURL, h.queue(ex)+".dlq")
+	_, err := queueDepth(ctx, h.cfg.amqpURLs, h.queue(ex)+".dlq")
 	return err == nil, err
 }

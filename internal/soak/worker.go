@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/internal/soak/soakworker"
 )
 
@@ -27,10 +28,11 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("soak worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfg := soakworker.Config{
-		PGURL:   envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
-		AMQPURL: envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		Logger:  slog.New(slog.NewTextHandler(stderr, nil)),
+		PGURL:  envOr("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable"),
+		Logger: slog.New(slog.NewTextHandler(stderr, nil)),
 	}
+	amqpURL := fs.String("amqp-url", envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		"RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
 	fs.StringVar(&cfg.Queue, "queue", "soak.liveness", "queue to consume")
 	fs.StringVar(&cfg.Schema, "schema", "soak_liveness", "schema for idem's tables, the balances and the applied log")
 	fs.StringVar(&cfg.Tag, "tag", "liveness", "this process's name in the applied log")
@@ -47,7 +49,12 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "soak worker: unexpected arguments %q\n", fs.Args())
 		return exitNotRun
 	}
-	err := soakworker.Run(ctx, cfg)
+	var err error
+	if cfg.AMQPURLs, err = amqpnodes.Split(*amqpURL); err != nil {
+		fmt.Fprintln(stderr, "soak worker: -amqp-url:", err)
+		return exitNotRun
+	}
+	err = soakworker.Run(ctx, cfg)
 	if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
 		fmt.Fprintln(stderr, "soak worker:", err)
 		return exitFail

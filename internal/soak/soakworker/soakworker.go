@@ -112,8 +112,9 @@ func ExitStatus(fault string) int {
 
 // Config configures the worker.
 type Config struct {
-	// AMQPURL and PGURL say where RabbitMQ and PostgreSQL are.
-	AMQPURL, PGURL string
+	// AMQPURLs are the broker's nodes; PGURL says where PostgreSQL is.
+	AMQPURLs []string
+	PGURL    string
 	// HandlerTimeout, MaxAttempts and RetryBaseDelay go to consumer.Config.
 	HandlerTimeout time.Duration
 	MaxAttempts    int
@@ -156,7 +157,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("soakworker: create the business tables: %w", err)
 	}
 	c, err := consumer.New(consumer.Config{
-		AMQPURL:        cfg.AMQPURL,
+		AMQPURLs:       cfg.AMQPURLs,
 		Name:           ConsumerName,
 		Pool:           pool,
 		Queue:          cfg.Queue,
