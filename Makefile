@@ -68,7 +68,9 @@ soak-cluster:
 	exit $$status
 
 vet:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt -l: not formatted:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags cluster ./...
 
 # bench: every figure of BENCHMARKS.md, each against its same-run baseline
 # (the large soak is `go run ./internal/soak` with the flags it gives).

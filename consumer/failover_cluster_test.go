@@ -302,7 +302,6 @@ func countRows(pool *pgxpool.Pool, sql string) int {
 	return n
 }
 
-
 // workerConnection waits for the worker's connection, named name, and
 // returns it.
 func workerConnection(tb testing.TB, c *testcluster.Cluster, name string) testcluster.Connection {
