@@ -338,6 +338,7 @@ func leaderOtherThan(tb testing.TB, c *testcluster.Cluster, queue, node string) 
 	if q.Leader != node {
 		return q.Leader
 	}
+	tb.Logf("the queue's leader is the worker's node %s: moving it", node)
 	c.Queues(tb, node, "delete_member", queue, node)
 	testrun.WaitFor(tb, 30*time.Second, "a leader off "+node, func() bool {
 		q = c.QuorumQueue(tb, queue)
