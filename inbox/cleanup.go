@@ -177,16 +177,32 @@ func (ib *Inbox) DeleteScope(ctx context.Context, pool *pgxpool.Pool, consumer s
 	case held:
 		return 0, fmt.Errorf("inbox: delete the rows of %q: %w", consumer, ErrHeld)
 	}
+	total, err := deleteInChunks(scopeChunk, func(after string) (n int64, last string, err error) {
+		err = pool.QueryRow(ctx, ib.sql.deleteScope, consumer, after, scopeChunk).Scan(&n, &last)
+		return n, last, err
+	})
+	if err != nil {
+		return total, fmt.Errorf("inbox: delete the rows of %q after %d: %w", consumer, total, err)
+	}
+	return total, nil
+}
+
+// deleteInChunks runs chunk, which deletes up to size rows after a key and
+// returns how many it deleted and the last key, from the first key on and
+// then each time from the last key the call before returned, until a call
+// deletes fewer than size rows; it returns the rows deleted.
+func deleteInChunks(size int64, chunk func(after string) (int64, string, error)) (int64, error) {
 	var total int64
-	last := ""
+	after := ""
 	for {
-		var n int64
-		if err := pool.QueryRow(ctx, ib.sql.deleteScope, consumer, last, scopeChunk).Scan(&n, &last); err != nil {
-			return total, fmt.Errorf("inbox: delete the rows of %q after %d: %w", consumer, total, err)
+		n, last, err := chunk(after)
+		if err != nil {
+			return total, err
 		}
 		total += n
-		if n < scopeChunk {
+		if n < size {
 			return total, nil
 		}
+		after = last
 	}
 }

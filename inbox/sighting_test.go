@@ -201,14 +201,14 @@ func TestARepeatInTheSameBatchIsASighting(t *testing.T) {
 	}
 }
 
-// Each chunk of DeleteScope starts after the last key the one before it
-// deleted. While an open snapshot (a live worker's, a reader's) keeps the
-// deleted rows' index entries from being marked dead, the last chunk of a
-// large scope, which finds nothing left, then reads a few pages, where a
-// chunk looking from the start of the scope would reread every entry
-// deleted before it (and every chunk would reread those of the chunks
-// before it): the clean-up's time grows with the rows, not their square.
-func TestDeleteScopeChunksNeverRereadTheRowsDeletedBeforeThem(t *testing.T) {
+// A DeleteScope chunk runs from after the last key the chunk before it
+// deleted (TestEachChunkStartsAfterTheLastKeyOfTheOneBefore). While an open
+// snapshot (a live worker's, a reader's) keeps the deleted rows' index
+// entries from being marked dead, its statement after the last key of an
+// emptied scope reads a few pages, where one from the start of the scope
+// rereads every entry deleted before it: with the bound, the clean-up's
+// time grows with the rows, not their square.
+func TestDeleteScopeStatementAfterTheLastKeySkipsTheRowsDeletedBeforeIt(t *testing.T) {
 	t.Parallel()
 	pool, ib, tables := setup(t)
 	ctx := t.Context()
@@ -235,7 +235,7 @@ func TestDeleteScopeChunksNeverRereadTheRowsDeletedBeforeThem(t *testing.T) {
 			}
 		}
 		require.NoError(t, pool.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+inbox.DeleteScopeStatement(ib),
-			"scope", after, 5000).Scan(&plan))
+			"scope", after, inbox.ScopeChunk).Scan(&plan))
 		require.Len(t, plan, 1)
 		return plan[0].Plan.Hit + plan[0].Plan.Read
 	}
