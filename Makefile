@@ -41,7 +41,8 @@ services:
 CLUSTER_TEST_TIMEOUT ?= 30m
 CLUSTER_FILES = $(shell grep -rlE --include='*_test.go' '^//go:build.*\bcluster\b' .)
 CLUSTER_PKGS = $(sort $(dir $(CLUSTER_FILES)))
-CLUSTER_RUN ?= ^($(shell grep -hoE '^func Test[A-Za-z0-9_]+' $(CLUSTER_FILES) | sed 's/^func //' | paste -sd'|'))$$
+CLUSTER_TESTS = $(if $(CLUSTER_FILES),$(shell grep -hoE '^func Test[A-Za-z0-9_]+' $(CLUSTER_FILES) | sed 's/^func //' | paste -sd'|'))
+CLUSTER_RUN ?= ^($(CLUSTER_TESTS))$$
 
 cluster-test: services
 	status=0; \
@@ -60,7 +61,7 @@ cluster-test: services
 # or fail. Not part of `make test`: a few minutes more.
 soak-cluster:
 	status=0; \
-	./scripts/cluster.sh up --sync >/dev/null && eval "$$(./scripts/cluster.sh env)" && \
+	urls=$$(./scripts/cluster.sh up --sync) && eval "$$urls" && \
 	IDEM_AMQP_URL="$$IDEM_CLUSTER_AMQP_URLS" IDEM_STREAM_URL="$$IDEM_CLUSTER_STREAM_URLS" IDEM_PG_URL="$$IDEM_CLUSTER_PG_URL" \
 		$(GO) run ./internal/soak -n 2000 -rate 60 -fault-every 4s -duration-cap 3m \
 		-faults node,pgfailover,kill,connections || status=$$?; \

@@ -122,7 +122,7 @@ type failoverResult struct {
 	counts                map[string]int
 	outage, baselineGap   time.Duration
 	promotion             time.Duration // the PostgreSQL stop and promotion, by the script
-	appliedAfterFault     int
+	appliedAfterFault     int           // after the kill, or after the promotion ended
 	publishErrors         int
 }
 
@@ -164,7 +164,7 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 	exec(tb, pool, `CREATE TABLE `+effects+` (message_id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 
 	name, queue := testdb.Name(tb, "w"), testdb.Name(tb, "q")
-	tb.Cleanup(func() { c.DeleteQueues(queue, queue+".retry", queue+".dlq") })
+	tb.Cleanup(func() { c.DeleteQueues(tb, queue, queue+".retry", queue+".dlq") })
 	w, err := consumer.New(consumer.Config{
 		Name: name, Queue: queue, Pool: pool, AMQPURLs: c.AMQPURLs, Tables: tables,
 		HandlerTimeout: 5 * time.Second, Logger: testrun.Logger(),
@@ -178,6 +178,7 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 
 	var r failoverResult
 	conn := workerConnection(tb, c, "idem:"+name)
+	c.WaitForQueue(tb, queue)
 	r.nodeBefore, r.connBefore = conn.Node, conn.Name
 	switch fault {
 	case faultWorkerNode:
@@ -232,7 +233,7 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 	r.outage = longestGap(at, faultAt, faultAt.Add(failoverAfter))
 	r.baselineGap = longestGap(at, faultAt.Add(-failoverBefore+time.Second), faultAt)
 	for _, t := range at {
-		if t.After(faultAt) {
+		if t.After(faultAt.Add(r.promotion)) {
 			r.appliedAfterFault++
 		}
 	}
@@ -240,6 +241,9 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 		fault, r.victim, r.nodeBefore, r.nodeAfter, r.published, r.publishErrors, r.outage, r.promotion, r.baselineGap)
 	if r.victim != "" {
 		c.Start(tb, r.victim)
+	}
+	if fault == faultPGFailover {
+		c.RestorePG(tb)
 	}
 	return r
 }
@@ -364,14 +368,21 @@ func otherNode(c *testcluster.Cluster, a, b string) string {
 // publisher publishes failoverRate messages per second, numbered from 0, in
 // ticks of a few messages whose confirms it waits for; a tick that fails
 // is published again on a new connection (to the same or another node):
-// duplicates are what idem is for. It stops between ticks, so that every
-// message it published is counted as sent.
+// duplicates are what idem is for. It stops only after a tick that
+// succeeded, so that every message it published is counted as sent; a
+// tick that keeps failing for publishRetryAfterStop after stop was asked
+// is given up, and the run fails.
 type publisher struct {
 	stopping chan struct{}
 	done     chan struct{}
-	sent     int // confirmed, owned by the goroutine until done closes
-	errs     int
+	sent     int  // confirmed, owned by the goroutine until done closes
+	errs     int  // failed ticks and dials, likewise
+	gaveUp   bool // a tick was left unconfirmed at the stop, likewise
 }
+
+// publishRetryAfterStop bounds how long a failing tick is retried once the
+// publisher was asked to stop.
+const publishRetryAfterStop = 30 * time.Second
 
 const publishTick = 20 * time.Millisecond
 
@@ -388,24 +399,36 @@ func startPublisher(tb testing.TB, urls []string, queue string) *publisher {
 				_ = ch.Close()
 			}
 		}()
-		for {
+		var giveUpAt time.Time // set once stop was asked while a tick fails
+		failed := func() bool {
+			p.errs++
 			select {
 			case <-p.stopping:
-				return
+				if giveUpAt.IsZero() {
+					giveUpAt = time.Now().Add(publishRetryAfterStop)
+				}
+				p.gaveUp = time.Now().After(giveUpAt)
 			default:
 			}
+			return p.gaveUp
+		}
+		for {
 			if ch == nil {
 				var err error
 				if ch, err = publishChannel(urls); err != nil {
-					p.errs++
+					if failed() {
+						return
+					}
 					time.Sleep(100 * time.Millisecond)
 					continue
 				}
 			}
 			if err := publishTickOf(ch, queue, p.sent, perTick); err != nil {
-				p.errs++
 				_ = ch.Close()
 				ch = nil
+				if failed() {
+					return
+				}
 				continue
 			}
 			p.sent += perTick
@@ -430,8 +453,11 @@ func (p *publisher) stop(tb testing.TB) (sent, errs int) {
 	}
 	select {
 	case <-p.done:
-	case <-time.After(time.Minute):
-		tb.Fatalf("the publisher did not stop within a minute")
+	case <-time.After(publishRetryAfterStop + time.Minute):
+		tb.Fatalf("the publisher did not stop")
+	}
+	if p.gaveUp {
+		tb.Fatalf("the publisher's last tick (messages %d…) was not confirmed within %s of the stop", p.sent, publishRetryAfterStop)
 	}
 	return p.sent, p.errs
 }
@@ -493,7 +519,7 @@ func TestAWorkerWhoseDatabaseIsAStandbyIsNotReady(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	name, queue := testdb.Name(t, "w"), testdb.Name(t, "q")
-	t.Cleanup(func() { c.DeleteQueues(queue, queue+".retry", queue+".dlq") })
+	t.Cleanup(func() { c.DeleteQueues(t, queue, queue+".retry", queue+".dlq") })
 	w, err := consumer.New(consumer.Config{
 		Name: name, Queue: queue, Pool: pool, AMQPURLs: c.AMQPURLs,
 		Tables: idem.Tables{Schema: testdb.Name(t, "f")}, Logger: testrun.Logger(),

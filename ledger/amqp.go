@@ -37,16 +37,16 @@ type Publishing struct {
 
 // AMQPConfig configures an AMQPExecutor.
 type AMQPConfig struct {
+	// ConnectionName is the connection's name in the broker's management
+	// UI and rabbitmqctl list_connections (with the default Dial). Default:
+	// "idem:ledger".
+	ConnectionName string
 	// Dial opens the connection to one node. A call waits for it at most
 	// until the call's deadline (a later connection is closed), but cannot
 	// interrupt it. Default: amqp.DialConfig, with the connect and the
 	// handshake bounded by 10 seconds and by the deadline of the call that
 	// dials.
 	Dial func(url string) (*amqp.Connection, error)
-	// ConnectionName is the connection's name in the broker's management
-	// UI and rabbitmqctl list_connections (with the default Dial). Default:
-	// "idem:ledger".
-	ConnectionName string
 	// Logger receives reconnection logs. Default: slog.Default().
 	Logger *slog.Logger
 	// URL is the broker's AMQP URL when it is one node. Set it or URLs.

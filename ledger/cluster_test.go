@@ -26,7 +26,7 @@ func TestOutboxPublishesThroughAnotherNodeWhenItsNodeIsKilled(t *testing.T) {
 	c := testcluster.Require(t)
 	f := newFixture(t)
 	q := testdb.Name(t, "q")
-	t.Cleanup(func() { c.DeleteQueues(q) })
+	t.Cleanup(func() { c.DeleteQueues(t, q) })
 	conn, _, err := amqpnodes.Dial(context.Background(), c.AMQPURLs, amqp.Config{})
 	require.NoError(t, err)
 	ch, err := conn.Channel()

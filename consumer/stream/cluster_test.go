@@ -41,6 +41,7 @@ func TestAStreamConsumerReadsOnWhileEachNodeInTurnIsKilled(t *testing.T) {
 	e := &env{t: t, pool: pool, tables: tables, eff: testrun.NewEffects(t, pool, tables)}
 
 	name := testdb.Name(t, "s")
+	t.Cleanup(func() { c.DeleteQueues(t, name) })
 	publish := func(urls []string, from, to int) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -55,10 +56,20 @@ func TestAStreamConsumerReadsOnWhileEachNodeInTurnIsKilled(t *testing.T) {
 		for i := from; i < to; i++ {
 			out = append(out, streamio.Outgoing{MessageID: fmt.Sprintf("m-%d", i), Body: []byte(fmt.Sprintf(`{"n":%d}`, i))})
 		}
-		require.NoError(t, env.Publish(ctx, name, out))
+		// While the stream elects a leader after a kill, its producers are
+		// refused (stream not available): publish again, as a producer
+		// would; copies are the consumer's to skip.
+		for {
+			err := env.Publish(ctx, name, out)
+			if err == nil {
+				return
+			}
+			require.NoError(t, ctx.Err(), "publishing within a minute: %v", err)
+			t.Logf("publish again: %v", err)
+			time.Sleep(500 * time.Millisecond)
+		}
 	}
 	publish(c.StreamURLs, 0, 500)
-	t.Cleanup(func() { c.DeleteQueues(name) })
 
 	cfg := consumer.Config{Name: "test", Pool: pool, Tables: tables, Logger: testrun.Logger(),
 		AMQPURLs: c.AMQPURLs, ShutdownTimeout: 10 * time.Second}
@@ -72,8 +83,15 @@ func TestAStreamConsumerReadsOnWhileEachNodeInTurnIsKilled(t *testing.T) {
 	start(t, s)
 	waitFor(t, time.Minute, "the first 500 messages applied", func() bool { return len(e.effects()) == 500 })
 
+	// A stream elects a leader among the members that run: before a kill,
+	// every member is back, so that two of three remain.
+	allOnline := func() bool {
+		q := c.QuorumQueue(t, name)
+		return q.Leader != "" && len(q.Online) == len(c.Nodes)
+	}
 	published := 500
 	for i, node := range c.Nodes {
+		waitFor(t, time.Minute, "every member of the stream online, a leader elected", allOnline)
 		c.Kill(t, node)
 		others := slices.Delete(slices.Clone(c.StreamURLs), i, i+1)
 		publish(others, published, published+300)

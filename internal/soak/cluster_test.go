@@ -19,7 +19,7 @@ export IDEM_CLUSTER_PG_NODE_URLS='postgres://root@127.0.0.1:5442/test?sslmode=di
 
 // clusterArgs are the flags of make soak-cluster.
 var clusterArgs = []string{"-n", "2000", "-rate", "60", "-fault-every", "4s", "-duration-cap", "3m",
-	"-faults", "node,pgfailover,kill,connections", "-examples", "quickstart,payments,liveness", "-seed", "1"}
+	"-faults", "node,pgfailover,kill,connections", "-seed", "1"}
 
 // onCluster is cfg pointed at the cluster of clusterEnv, its nodes in
 // another order than the script lists them.

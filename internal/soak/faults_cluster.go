@@ -24,7 +24,11 @@ func (in *injector) node(ctx context.Context, inj *injection) error {
 	inj.Target, _, _ = strings.Cut(node, "@")
 	if _, err := c.verb(ctx, "kill", node); err != nil {
 		// It may have died on the way: start it, a no-op if it runs.
-		err = errors.Join(err, c.restore(ctx, "start", node))
+		if rerr := c.restore(ctx, "start", node); rerr != nil {
+			in.mu.Lock()
+			inj.Unrestored = fmt.Sprintf("%s not started again: %v", node, rerr)
+			in.mu.Unlock()
+		}
 		c.nodeUp()
 		return err
 	}
@@ -78,7 +82,11 @@ func (in *injector) pgFailover(ctx context.Context, inj *injection) error {
 	t0 := time.Now()
 	if _, err := c.verb(ctx, "pg-failover"); err != nil {
 		// The primary may be stopped already: bring the pair back.
-		err = errors.Join(err, c.restore(ctx, "pg-rejoin"))
+		if rerr := c.restore(ctx, "pg-rejoin"); rerr != nil {
+			in.mu.Lock()
+			inj.Unrestored = fmt.Sprintf("no standby again: %v", rerr)
+			in.mu.Unlock()
+		}
 		c.rejoined()
 		return err
 	}

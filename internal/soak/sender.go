@@ -147,8 +147,8 @@ func (s *sender) flush(ctx context.Context) ([]int, error) {
 }
 
 // resend publishes again the first pending message, which the broker
-// refused, or, when the connection was lost, every pending message on a
-// new one.
+// refused, or, when the connection was lost, every pending message the
+// broker had not confirmed on a new one.
 func (s *sender) resend(ctx context.Context) error {
 	if !s.ch.IsClosed() {
 		return s.send(ctx, &s.pending[0])
@@ -160,6 +160,9 @@ func (s *sender) resend(ctx context.Context) error {
 	s.logf("%s: connection to %s lost; on %s now, publishing its %d unconfirmed messages again",
 		s.name, amqpnodes.Redact(lost), amqpnodes.Redact(s.node), len(s.pending))
 	for j := range s.pending {
+		if p := &s.pending[j]; p.dc != nil && p.dc.Acked() {
+			continue // confirmed before the loss, behind one that was not
+		}
 		if err := s.send(ctx, &s.pending[j]); err != nil {
 			return err
 		}

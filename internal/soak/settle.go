@@ -216,6 +216,9 @@ func (h *harness) rabbitmqctl(ctx context.Context, args ...string) ([]byte, erro
 			ctl = h.cluster.ctl()
 		}
 		cmd := exec.CommandContext(ctx, ctl[0], append(ctl[1:], args...)...)
+		// Through scripts/cluster.sh, rabbitmqctl is a grandchild that may
+		// hold stdout after its parent was killed.
+		cmd.WaitDelay = 5 * time.Second
 		out, err := cmd.Output()
 		if err == nil {
 			return out, nil

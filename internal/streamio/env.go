@@ -342,7 +342,8 @@ func (e *Env) disconnect(env *stream.Environment) {
 // Close takes the lock of the environment's producers or consumers, which a
 // client call that a context left behind may still hold (a producer being
 // created retries its connection until the broker's metadata settles):
-// past the bound, the caller goes on and the close completes on its own.
+// past the bound, the caller goes on, and the goroutine closing it ends
+// when the client's Close returns, if ever; the warning says so.
 const closeTimeout = 5 * time.Second
 
 // closeWithin closes env, waiting for it at most d.
@@ -357,7 +358,7 @@ func (e *Env) closeWithin(env *stream.Environment, d time.Duration) {
 	select {
 	case <-done:
 	case <-t.C:
-		e.logger.Warn("streamio: a client environment did not close in time; it closes on its own",
+		e.logger.Warn("streamio: a client environment did not close in time; its close goes on in the background",
 			slog.String("uri", e.uri), slog.Duration("waited", d))
 	}
 }
@@ -386,7 +387,8 @@ func isLoopback(host string) bool {
 
 // Close closes every connection the Env's calls hold: running Reads and
 // Follows return an error wrapping ErrConnectionLost, later calls ErrClosed.
-// It waits for each at most closeTimeout.
+// It waits for each at most closeTimeout: a connection whose client does
+// not close in time is logged and may outlive Close.
 func (e *Env) Close() error {
 	e.mu.Lock()
 	e.closed = true

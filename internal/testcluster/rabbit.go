@@ -179,9 +179,9 @@ type QuorumQueue struct {
 	Online []string
 }
 
-// QuorumQueue returns the replicas of the quorum queue name in the default
-// virtual host, as a running node sees them now; a test that waits for an
-// election or a member to catch up polls it.
+// QuorumQueue returns the replicas of the quorum queue (or stream) name in
+// the default virtual host, as a running node sees them now; a test that
+// waits for an election or a member to catch up polls it.
 func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 	tb.Helper()
 	out := c.ctlAny(tb, "-q", "list_queues", "name", "type", "leader", "members", "online", "--formatter", "json")
@@ -199,8 +199,8 @@ func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 		if r.Name != name {
 			continue
 		}
-		if r.Type != "quorum" {
-			tb.Fatalf("testcluster: queue %s is %s, not quorum", name, r.Type)
+		if r.Type != "quorum" && r.Type != "stream" {
+			tb.Fatalf("testcluster: queue %s is %s, not quorum or stream", name, r.Type)
 		}
 		q := QuorumQueue{Members: r.Members, Online: r.Online}
 		if s, ok := r.Leader.(string); ok && slices.Contains(c.Nodes, s) {
@@ -215,20 +215,58 @@ func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 }
 
 // DeleteQueues deletes the queues named through whichever node answers,
-// as a test's clean-up: it gives up quietly when none does.
-func (c *Cluster) DeleteQueues(names ...string) {
+// as a test's clean-up; what it cannot delete it reports with tb.Logf.
+func (c *Cluster) DeleteQueues(tb testing.TB, names ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, _, err := amqpnodes.Dial(ctx, c.AMQPURLs, amqp.Config{})
 	if err != nil {
+		tb.Logf("testcluster: delete queues %v: %v", names, err)
 		return
+	}
+	defer conn.Close()
+	for _, name := range names {
+		// A failed delete closes its channel: one channel per queue.
+		ch, err := conn.Channel()
+		if err == nil {
+			_, err = ch.QueueDelete(name, false, false, false)
+			_ = ch.Close()
+		}
+		if err != nil {
+			tb.Logf("testcluster: delete queue %s: %v", name, err)
+		}
+	}
+}
+
+// WaitForQueue waits up to a minute for the queue name to exist, as a
+// worker declares it after its connection opened: a message published
+// before would be dropped, unroutable.
+func (c *Cluster) WaitForQueue(tb testing.TB, name string) {
+	tb.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if c.queueExists(name) {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("testcluster: queue %s not declared within a minute", name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) queueExists(name string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, _, err := amqpnodes.Dial(ctx, c.AMQPURLs, amqp.Config{})
+	if err != nil {
+		return false
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		return
+		return false
 	}
-	for _, name := range names {
-		_, _ = ch.QueueDelete(name, false, false, false)
-	}
+	_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	return err == nil
 }

@@ -147,7 +147,7 @@ func quorumQueue(t *testing.T, c *testcluster.Cluster) string {
 	ch := channel(t, dial(t, urls[0]))
 	_, err := ch.QueueDeclare(name, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 	require.NoError(t, err)
-	t.Cleanup(func() { c.DeleteQueues(name) })
+	t.Cleanup(func() { c.DeleteQueues(t, name) })
 	return name
 }
 
