@@ -3,6 +3,7 @@ package testcluster
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/url"
 	"slices"
@@ -181,10 +182,35 @@ type QuorumQueue struct {
 
 // QuorumQueue returns the replicas of the quorum queue (or stream) name in
 // the default virtual host, as a running node sees them now; a test that
-// waits for an election or a member to catch up polls it.
+// waits for an election or a member to catch up polls it. It ends the test
+// when no node can tell; see Replicas.
 func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 	tb.Helper()
-	out := c.ctlAny(tb, "-q", "list_queues", "name", "type", "leader", "members", "online", "--formatter", "json")
+	q, err := c.Replicas(name)
+	if err != nil {
+		tb.Fatalf("testcluster: %v", err)
+	}
+	return q
+}
+
+// Replicas is QuorumQueue returning what went wrong: a node that cannot
+// list its queues for now (RabbitMQ 3.10 fails to list a stream one of
+// whose members does not run), or no such queue.
+func (c *Cluster) Replicas(name string) (QuorumQueue, error) {
+	node := ""
+	for i, n := range c.Nodes {
+		if listening(hostOf(c.AMQPURLs[i])) {
+			node = n
+			break
+		}
+	}
+	if node == "" {
+		return QuorumQueue{}, fmt.Errorf("no RabbitMQ node answers")
+	}
+	out, err := c.run(verbTimeout, "ctl", node, "-q", "list_queues", "name", "type", "leader", "members", "online", "--formatter", "json")
+	if err != nil {
+		return QuorumQueue{}, err
+	}
 	var rows []struct {
 		Name    string   `json:"name"`
 		Type    string   `json:"type"`
@@ -193,14 +219,14 @@ func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 		Online  []string `json:"online"`
 	}
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
-		tb.Fatalf("testcluster: list_queues: %v in %q", err, out)
+		return QuorumQueue{}, fmt.Errorf("list_queues: %w in %q", err, out)
 	}
 	for _, r := range rows {
 		if r.Name != name {
 			continue
 		}
 		if r.Type != "quorum" && r.Type != "stream" {
-			tb.Fatalf("testcluster: queue %s is %s, not quorum or stream", name, r.Type)
+			return QuorumQueue{}, fmt.Errorf("queue %s is %s, not quorum or stream", name, r.Type)
 		}
 		q := QuorumQueue{Members: r.Members, Online: r.Online}
 		if s, ok := r.Leader.(string); ok && slices.Contains(c.Nodes, s) {
@@ -208,10 +234,9 @@ func (c *Cluster) QuorumQueue(tb testing.TB, name string) QuorumQueue {
 		}
 		slices.Sort(q.Members)
 		slices.Sort(q.Online)
-		return q
+		return q, nil
 	}
-	tb.Fatalf("testcluster: no queue %s", name)
-	return QuorumQueue{}
+	return QuorumQueue{}, fmt.Errorf("no queue %s", name)
 }
 
 // DeleteQueues deletes the queues named through whichever node answers,
@@ -269,4 +294,31 @@ func (c *Cluster) queueExists(name string) bool {
 	}
 	_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
 	return err == nil
+}
+
+// StreamReaders returns the nodes that hold a stream protocol connection
+// with at least one subscription (a reader), as a running node lists them;
+// a node twice when two readers are on it.
+func (c *Cluster) StreamReaders(tb testing.TB) []string {
+	tb.Helper()
+	out := c.ctlAny(tb, "-q", "list_stream_connections", "port", "subscriptions", "--formatter", "json")
+	var rows []struct {
+		Port          int `json:"port"`
+		Subscriptions int `json:"subscriptions"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		tb.Fatalf("testcluster: list_stream_connections: %v in %q", err, out)
+	}
+	var nodes []string
+	for _, r := range rows {
+		if r.Subscriptions == 0 {
+			continue
+		}
+		for i, u := range c.StreamURLs {
+			if p, err := url.Parse(u); err == nil && p.Port() == strconv.Itoa(r.Port) {
+				nodes = append(nodes, c.Nodes[i])
+			}
+		}
+	}
+	return nodes
 }
