@@ -244,7 +244,28 @@ func (in *injector) backends(ctx context.Context, inj *injection) error {
 // brokerSockets returns the client ports of the run's workers' connections
 // to the broker: AMQP and stream.
 func (h *harness) brokerSockets() (amqpPorts, streamPorts map[int]bool, err error) {
+	socks, err := h.workerSockets()
+	if err != nil {
+		return nil, nil, err
+	}
 	amqpPorts, streamPorts = map[int]bool{}, map[int]bool{}
+	for _, s := range socks {
+		switch {
+		case h.amqpPorts[s.remotePort]:
+			amqpPorts[s.localPort] = true
+		case h.streamPorts[s.remotePort]:
+			streamPorts[s.localPort] = true
+		}
+	}
+	return amqpPorts, streamPorts, nil
+}
+
+// workerSockets lists the TCP connections of the run's running workers,
+// and an error for each whose sockets could not be read (it may have
+// exited meanwhile).
+func (h *harness) workerSockets() ([]socket, error) {
+	var all []socket
+	var errs []error
 	for _, p := range h.workerList() {
 		pid := p.pid()
 		if pid == 0 {
@@ -252,18 +273,12 @@ func (h *harness) brokerSockets() (amqpPorts, streamPorts map[int]bool, err erro
 		}
 		socks, err := socketsOf(pid)
 		if err != nil {
-			return nil, nil, err
+			errs = append(errs, err)
+			continue
 		}
-		for _, s := range socks {
-			switch {
-			case h.amqpPorts[s.remotePort]:
-				amqpPorts[s.localPort] = true
-			case h.streamPorts[s.remotePort]:
-				streamPorts[s.localPort] = true
-			}
-		}
+		all = append(all, socks...)
 	}
-	return amqpPorts, streamPorts, nil
+	return all, errors.Join(errs...)
 }
 
 // streamSocketsGone reports whether none of the workers' stream

@@ -123,19 +123,11 @@ func (in *injector) pgFailover(ctx context.Context, inj *injection) error {
 // to each node of the cluster.
 func (h *harness) connectionsPerNode() []int {
 	conns := make([]int, len(h.cluster.nodes))
-	for _, p := range h.workerList() {
-		pid := p.pid()
-		if pid == 0 {
-			continue
-		}
-		socks, err := socketsOf(pid)
-		if err != nil {
-			continue // it exited meanwhile
-		}
-		for _, s := range socks {
-			if i := h.cluster.nodeOfPort(s.remotePort); i >= 0 {
-				conns[i]++
-			}
+	// A worker that exited meanwhile has no connection to count.
+	socks, _ := h.workerSockets()
+	for _, s := range socks {
+		if i := h.cluster.nodeOfPort(s.remotePort); i >= 0 {
+			conns[i]++
 		}
 	}
 	return conns
