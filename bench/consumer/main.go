@@ -49,6 +49,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/internal/cpustat"
 )
 
 // options are the command-line flags.
@@ -132,7 +134,7 @@ func run(ctx context.Context, args []string) error {
 		rep.memory = &m
 		b.logf("memory       VmHWM %d kB  VmRSS %d kB", m.HWMkB, m.RSSkB)
 	}
-	rep.machine.loadEnd = loadavg()
+	rep.machine.loadEnd = cpustat.LoadAvg()
 	md := rep.markdown()
 	fmt.Print("\n" + md)
 	if o.out != "" {

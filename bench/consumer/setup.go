@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -267,7 +268,7 @@ type machine struct {
 }
 
 func (b *bench) machine(ctx context.Context) machine {
-	m := machine{cpus: runtime.NumCPU(), goVersion: runtime.Version(), loadStart: loadavg()}
+	m := machine{cpus: runtime.NumCPU(), goVersion: runtime.Version(), loadStart: cpustat.LoadAvg()}
 	_ = b.pool.QueryRow(ctx, `SHOW server_version`).Scan(&m.postgres)
 	var sc, fsync, sb string
 	_ = b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync'), current_setting('shared_buffers')`).Scan(&sc, &fsync, &sb)
@@ -286,19 +287,6 @@ func (b *bench) machine(ctx context.Context) machine {
 		_ = f.Close()
 	}
 	return m
-}
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	raw, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(raw))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // procStatus reads VmHWM and VmRSS (kB) from /proc/self/status.

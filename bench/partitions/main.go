@@ -51,6 +51,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -178,7 +179,7 @@ func measure(ctx context.Context, o options) error {
 	}
 	logf("run %s: %d events (+%.0f%% duplicates) on %d accounts, %d partitions, %d processes, %d rounds",
 		b.runID, o.n, 100*o.dup, o.accounts, o.partitions, o.procs, o.repeat)
-	rep := report{o: o, loadStart: loadavg()}
+	rep := report{o: o, loadStart: cpustat.LoadAvg()}
 	for round := 1; round <= o.repeat; round++ {
 		for _, mode := range o.modes {
 			d, err := b.drain(ctx, mode, round)
@@ -199,7 +200,7 @@ func measure(ctx context.Context, o options) error {
 			rep.handovers = append(rep.handovers, h)
 		}
 	}
-	rep.loadEnd = loadavg()
+	rep.loadEnd = cpustat.LoadAvg()
 	fmt.Print(rep.markdown())
 	return rep.failures()
 }
@@ -227,17 +228,4 @@ func (b *bench) resetTables(ctx context.Context) error {
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
-}
-
-// loadavg is the first three fields of /proc/loadavg.
-func loadavg() string {
-	raw, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(raw))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }

@@ -55,3 +55,17 @@ func (t Times) StealSince(t0 Times) float64 {
 	}
 	return 100 * float64(t.Steal-t0.Steal) / float64(t.Total-t0.Total)
 }
+
+// LoadAvg returns the machine's 1, 5 and 15 minute load averages, the
+// first three fields of /proc/loadavg, or "?" when it cannot be read.
+func LoadAvg() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
