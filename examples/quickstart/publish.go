@@ -42,19 +42,27 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 	_, _ = rand.Read(run[:])
 	prefix := "dep-" + hex.EncodeToString(run[:])
 	start := time.Now()
-	var pending []*amqp.DeferredConfirmation
-	send := func(id, account string, body []byte) error {
+	var pending []sent
+	publishOne := func(m sent) (sent, error) {
 		// To the queue, or with -partitions to its exchange with the
 		// account as routing key: one account's deposits, one partition.
-		dc, err := partitions.Publish(ctx, ch, o.queue, o.partitions, account, amqp.Publishing{
-			MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body})
+		dc, err := partitions.Publish(ctx, ch, o.queue, o.partitions, m.account, amqp.Publishing{
+			MessageId: m.id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: m.body})
 		if err != nil {
-			return fmt.Errorf("publish %s: %w", id, err)
+			return m, fmt.Errorf("publish %s: %w", m.id, err)
+		}
+		m.confirm = dc
+		return m, nil
+	}
+	send := func(id, account string, body []byte) error {
+		m, err := publishOne(sent{id: id, account: account, body: body})
+		if err != nil {
+			return err
 		}
 		res.messages++
-		pending = append(pending, dc)
+		pending = append(pending, m)
 		if len(pending) >= 500 {
-			return waitConfirms(ctx, &pending)
+			return waitConfirms(ctx, &pending, publishOne)
 		}
 		return nil
 	}
@@ -73,7 +81,7 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 			}
 		}
 	}
-	if err := waitConfirms(ctx, &pending); err != nil {
+	if err := waitConfirms(ctx, &pending, publishOne); err != nil {
 		return res, err
 	}
 	logger.Info("published", "deposits", o.n, "messages", res.messages, "duplicates", res.messages-o.n,
@@ -81,16 +89,52 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 	return res, nil
 }
 
-func waitConfirms(ctx context.Context, pending *[]*amqp.DeferredConfirmation) error {
-	for _, dc := range *pending {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return err
+// sent is one published deposit awaiting its confirm.
+type sent struct {
+	id, account string
+	body        []byte
+	confirm     *amqp.DeferredConfirmation
+}
+
+// maxRepublish bounds how often one deposit is sent again after a nack.
+const maxRepublish = 5
+
+// waitConfirms waits for every pending confirm. A nack means the broker
+// did not take the message (a quorum queue refuses publishes while it
+// elects a new leader), so the deposit is published again, as a producer
+// does: up to maxRepublish times with a growing pause. A second copy that
+// did arrive is what the worker's inbox is for.
+func waitConfirms(ctx context.Context, pending *[]sent, publish func(sent) (sent, error)) error {
+	for attempt := 0; len(*pending) > 0; attempt++ {
+		var nacked []sent
+		for _, m := range *pending {
+			ok, err := m.confirm.WaitContext(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				nacked = append(nacked, m)
+			}
 		}
-		if !ok {
-			return fmt.Errorf("broker nacked a deposit")
+		*pending = (*pending)[:0]
+		if len(nacked) == 0 {
+			return nil
+		}
+		if attempt == maxRepublish {
+			return fmt.Errorf("broker nacked deposit %s %d times", nacked[0].id, attempt+1)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+		for _, m := range nacked {
+			m, err := publish(m)
+			if err != nil {
+				return err
+			}
+			*pending = append(*pending, m)
 		}
 	}
-	*pending = (*pending)[:0]
 	return nil
 }
