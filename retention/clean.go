@@ -81,7 +81,8 @@ const cutoffSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 //     abandoned) before the cutoff, with their audit rows and their progress
 //     checkpoints. Running (or interrupted, resumable) runs are kept;
 //   - http_keys: HTTP idempotency keys past their own expiry
-//     (httpinbox.Config.Expiry), whatever the cutoff.
+//     (httpinbox.Config.Expiry), whatever the cutoff; an unknown outcome
+//     stays until an operator resolves it.
 //
 // The cutoff is now() - cfg.OlderThan, fixed when Clean starts. Clean
 // refuses an OlderThan below cfg.Floor with ErrBelowFloor before deleting

@@ -16,7 +16,8 @@
 //   - replay_runs, replay_audit and checkpoints: replay runs finished (or
 //     abandoned) before the cutoff, their audit rows and their progress
 //     checkpoints;
-//   - http_keys: HTTP idempotency keys past their own expiry.
+//   - http_keys: HTTP idempotency keys past their own expiry; an unknown
+//     outcome stays until an operator resolves it.
 //
 // It returns a Count per table. The command line runs the same call:
 //

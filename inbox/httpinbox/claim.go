@@ -43,7 +43,9 @@ ON CONFLICT (key_id) DO NOTHING`
 	overLimitSQL = `SELECT count(*) >= $3 FROM {keys}
 WHERE tenant = $1 AND caller = $2 AND created_at > now() - interval '1 minute'`
 
-	readSQL = `SELECT fingerprint, state, coalesce(locked_until > now(), false), expires_at <= now(),
+	// readSQL reads a record. An unknown record never counts as expired:
+	// its request may have happened, so it waits for an operator.
+	readSQL = `SELECT fingerprint, state, coalesce(locked_until > now(), false), expires_at <= now() AND state <> 'unknown',
 	coalesce(status_code, 0), coalesce(headers, '{}'::jsonb), body, body_omitted, resource_id
 FROM {keys} WHERE key_id = $1`
 
@@ -57,7 +59,8 @@ WHERE key_id = (SELECT key_id FROM {keys}
 	FOR UPDATE SKIP LOCKED)`
 
 	deleteExpiredSQL = `DELETE FROM {keys}
-WHERE key_id = (SELECT key_id FROM {keys} WHERE key_id = $1 AND expires_at <= now() FOR UPDATE SKIP LOCKED)`
+WHERE key_id = (SELECT key_id FROM {keys} WHERE key_id = $1 AND expires_at <= now() AND state <> 'unknown'
+	FOR UPDATE SKIP LOCKED)`
 
 	relockSQL = `SELECT true FROM {keys} WHERE key_id = $1 AND lock_owner = $2 AND state = 'started' FOR UPDATE`
 
@@ -75,9 +78,12 @@ WHERE key_id = $1 AND lock_owner = $2 AND state = 'started'`
 
 	deleteSQL = `DELETE FROM {keys} WHERE key_id = $1 AND lock_owner = $2 AND state = 'started'`
 
+	// cleanupSQL deletes expired records, except a started one whose
+	// handler holds its lease and an unknown one, which stays until an
+	// operator resolves it.
 	cleanupSQL = `DELETE FROM {keys} WHERE key_id IN (
 	SELECT key_id FROM {keys}
-	WHERE expires_at <= now() AND NOT (state = 'started' AND coalesce(locked_until > now(), false))
+	WHERE expires_at <= now() AND state <> 'unknown' AND NOT (state = 'started' AND coalesce(locked_until > now(), false))
 	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`
 )
 

@@ -54,8 +54,9 @@ type Config struct {
 	Caller func(*http.Request) string
 	// Expiry is how long a key is kept after its first request; a request
 	// that arrives later with the same key runs as new. It must exceed the
-	// longest horizon over which clients retry (see docs/http.md). Default:
-	// 24h.
+	// longest horizon over which clients retry (see docs/http.md). A key
+	// whose outcome is unknown is kept past it, until an operator resolves
+	// it. Default: 24h.
 	Expiry time.Duration
 	// Lease is how long a started request owns its key before another
 	// request with the key may take it over. A running handler keeps the

@@ -123,8 +123,9 @@
 // # Operating it
 //
 // Two gauges are read from the table whenever the metrics are collected:
-// idem.http_keys.oldest_in_progress_age (the oldest started key: a request
-// still running, or one that crashed and waits for its lease) and
+// idem.http_keys.oldest_in_progress_age (the oldest started key under a
+// live lease: a request still running, or one that crashed and still holds
+// its lease) and
 // idem.http_keys.oldest_unknown_age (the oldest Unknown outcome, which waits
 // for an operator). Keys lists, shows and resolves records without a
 // Middleware; the `idem http-keys` command is built on it.

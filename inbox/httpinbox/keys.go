@@ -138,8 +138,11 @@ type KeyAudit struct {
 type KeyStats struct {
 	// Counts holds the number of records in each state present.
 	Counts map[KeyState]int64
-	// OldestInProgress is the age of the oldest started record (from its
-	// first request); zero when there is none.
+	// OldestInProgress is the age (from its first request) of the oldest
+	// started record under a live lease: a request running, or one that
+	// crashed and whose lease has not ended yet. A record whose attempt
+	// failed, or whose lease ended, waits for its client's next request and
+	// is not counted. Zero when there is none.
 	OldestInProgress time.Duration
 	// OldestUnknown is how long the oldest unknown outcome has waited for
 	// an operator; zero when there is none.
@@ -184,9 +187,12 @@ RETURNING ` + keyColumns
 	keyCountsSQL = `SELECT state, count(*) FROM {keys} GROUP BY state`
 
 	// keyAgesSQL reads the two ages through the partial indexes on started
-	// and unknown records.
+	// and unknown records. In progress is a started record under a live
+	// lease: one whose attempt failed or crashed waits for its client's next
+	// request, which runs it again by itself.
 	keyAgesSQL = `SELECT
-	coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM {keys} WHERE state = 'started')), 0)::float8,
+	coalesce(extract(epoch FROM now() - (SELECT min(created_at) FROM {keys}
+		WHERE state = 'started' AND locked_until > now())), 0)::float8,
 	coalesce(extract(epoch FROM now() - (SELECT min(completed_at) FROM {keys} WHERE state = 'unknown')), 0)::float8`
 )
 

@@ -75,6 +75,45 @@ func TestUnknownKeyIsConfirmedByAnOperatorWithAnAuditRow(t *testing.T) {
 	require.ErrorIs(t, err, httpinbox.ErrKeyNotFound)
 }
 
+// An unknown outcome may have happened: its record outlives its expiry,
+// through cleanup and through a request with its key, which is answered
+// from the record and never runs again, until an operator resolves it.
+func TestUnknownKeyOutlivesItsExpiryUntilResolved(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, httpinbox.Config{})
+	var runs atomic.Int64
+	h := unknownHandler(f, &runs)
+	first := post(h, "k1", `{"amount": 5}`)
+	require.Equal(t, http.StatusGatewayTimeout, first.Code)
+	expire := func() {
+		_, err := f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+` SET expires_at = now() - interval '1 second'`)
+		require.NoError(t, err)
+	}
+	expire()
+	ctx := context.Background()
+	n, err := f.m.Cleanup(ctx, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "cleanup spares an unknown record")
+	n, err = httpinbox.CleanupExpired(ctx, f.pool, f.tables, 10)
+	require.NoError(t, err)
+	require.Zero(t, n, "so does the operator's cleanup")
+
+	again := post(h, "k1", `{"amount": 5}`)
+	require.Equal(t, "true", again.Header().Get(httpinbox.HeaderReplayed), "an expired unknown key is replayed")
+	require.Equal(t, first.Body.Bytes(), again.Body.Bytes())
+	requireProblem(t, post(h, "k1", `{"amount": 6}`), http.StatusUnprocessableEntity, httpinbox.CodeKeyReused)
+	require.EqualValues(t, 1, runs.Load())
+	require.Equal(t, "unknown", f.state("k1"))
+
+	_, err = f.keys().Resolve(ctx, httpinbox.KeyID("", "test-client", "payments.create", "k1"), httpinbox.KeyResolution{
+		As: httpinbox.KeyCompleted, Reason: "the provider confirmed it", Operator: "alice"})
+	require.NoError(t, err)
+	expire()
+	n, err = f.m.Cleanup(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "once resolved, the record expires like any other")
+}
+
 func TestHandedBackKeyRunsOnceMoreForTheSameRequestOnly(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, httpinbox.Config{})

@@ -67,7 +67,7 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 		return g
 	}
 	m.inProgAge = gauge("idem.http_keys.oldest_in_progress_age",
-		"Age of the oldest idempotency key still started: a request running, or one that crashed before its commit.")
+		"Age of the oldest idempotency key started under a live lease: a request running, or one that crashed and still holds its lease.")
 	m.unknownAge = gauge("idem.http_keys.oldest_unknown_age",
 		"How long the oldest unknown outcome has waited for an operator (idem http-keys resolve).")
 	m.meter = meter
