@@ -172,8 +172,9 @@ type Config struct {
 	// take over those of a process that dies or leaves; one that joins gets
 	// its share. Publishers send to the exchange with the ordering key as
 	// routing key (partitions.Route); without an OrderingKey, the routing
-	// key is the ordering key. Fixed for the life of the queues. Default:
-	// 0, one queue. Queue only.
+	// key is the ordering key. The partitions are quorum queues: New refuses
+	// another QueueType. Fixed for the life of the queues. Default: 0, one
+	// queue. Queue only.
 	Partitions int
 
 	// Pool is the PostgreSQL pool. Required.
@@ -357,6 +358,8 @@ func (c *Config) validate() error {
 		return configError("Partitions must be between 0 and %d", maxPartitions)
 	case c.Partitions > 0 && c.Queue == "":
 		return configError("Partitions needs a Queue")
+	case c.Partitions > 0 && c.QueueType != "quorum":
+		return configError("Partitions needs quorum queues (QueueType %q): a partition must outlive any one node, and its single active consumer is the fence", c.QueueType)
 	case c.Partitions > 0 && c.RetryQueue != c.Queue+".retry":
 		return configError("RetryQueue cannot be set with Partitions: each partition has its own (Queue.pI.retry)")
 	case c.Queue != "" && c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:

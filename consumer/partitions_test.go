@@ -58,7 +58,7 @@ func TestPartitionedTopologyIsAConsistentHashExchangeInFrontOfItsPartitions(t *t
 	require.Equal(t, 200, total)
 }
 
-func TestNewRefusesPartitionsWithoutAQueueOrWithARetryQueue(t *testing.T) {
+func TestNewRefusesPartitionsWithoutAQueueOrWithARetryQueueOrClassicQueues(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	for name, edit := range map[string]func(*Config){
@@ -66,6 +66,7 @@ func TestNewRefusesPartitionsWithoutAQueueOrWithARetryQueue(t *testing.T) {
 		"too many":    func(c *Config) { c.Partitions = 5000 },
 		"no queue":    func(c *Config) { c.Partitions = 4; c.Queue = "" },
 		"retry queue": func(c *Config) { c.Partitions = 4; c.RetryQueue = "elsewhere" },
+		"classic":     func(c *Config) { c.Partitions = 4; c.QueueType = "classic" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := e.config()

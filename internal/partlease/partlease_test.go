@@ -194,3 +194,24 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 	_, err := New(Config{Partitions: 2})
 	require.Error(t, err)
 }
+
+// The lease session asks the server to probe it when idle, so that a
+// process whose host is lost (no FIN, no RST) loses its locks in seconds,
+// not after the kernel's two hours; a setting the application chose stays.
+func TestTheLeaseSessionIsProbedByTheServerUnlessConfiguredOtherwise(t *testing.T) {
+	t.Parallel()
+	cfg := testdb.Pool(t).Config().ConnConfig.Copy()
+	cfg.RuntimeParams["tcp_keepalives_count"] = "5"
+	l, err := New(Config{Key: testdb.Name(t, "lease"), Partitions: 1, Conn: cfg})
+	require.NoError(t, err)
+	conn, err := l.connect(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	got := map[string]string{}
+	for _, name := range []string{"tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"} {
+		var v string
+		require.NoError(t, conn.QueryRow(context.Background(), "SELECT current_setting($1)", name).Scan(&v))
+		got[name] = v
+	}
+	require.Equal(t, map[string]string{"tcp_keepalives_idle": "3", "tcp_keepalives_interval": "1", "tcp_keepalives_count": "5"}, got)
+}
