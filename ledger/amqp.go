@@ -65,7 +65,8 @@ type AMQPConfig struct {
 // effect's trace context in its headers.
 //
 // A confirm (ack) means succeeded; a nack or a returned (unroutable) message
-// means failed_retryable; a confirm that never arrives means unknown. Because
+// means failed_retryable (after a nack, the next publish opens a new
+// connection); a confirm that never arrives means unknown. Because
 // the message id is stable, AMQPExecutor declares itself deduplicating: an
 // unknown publish is published again with the same message id, and a
 // consumer that dedups on it processes it once.
@@ -180,6 +181,7 @@ func (e *AMQPExecutor) publish(ctx context.Context, p Publishing, call Call) (Re
 		if s.dead() {
 			return Result{Status: StatusUnknown}, "channel_closed", fmt.Errorf("ledger: amqp %s: channel closed before the confirm", call.EffectID)
 		}
+		s.nacked.Store(true)
 		return Result{Status: StatusFailedRetryable}, "nacked", fmt.Errorf("ledger: amqp %s: nacked by the broker", call.EffectID)
 	}
 	return Result{Status: StatusSucceeded}, "", nil

@@ -97,6 +97,7 @@ type amqpSession struct {
 	returns chan amqp.Return
 	blocked atomic.Pointer[string] // the broker's reason while it blocks the connection
 	broken  atomic.Bool            // a publish failed in the client: the connection is being torn down
+	nacked  atomic.Bool            // the broker nacked a publish: the next call dials afresh
 
 	mu       sync.Mutex           // guards returned
 	returned map[string]string    // message id → reply text of a return not yet claimed
@@ -222,8 +223,13 @@ func serverAttrs(rawURL string) []attribute.KeyValue {
 
 // dead reports whether the session can no longer publish: its channel
 // closed, or a publish failed in the client (the client tears the connection
-// down in the background, and the next call must not find it half closed).
-func (s *amqpSession) dead() bool { return s.broken.Load() || s.ch.IsClosed() }
+// down in the background, and the next call must not find it half closed),
+// or the broker nacked a publish. A connection that had a publish to a
+// quorum queue nacked while the queue elected a new leader may go on having
+// every publish to it nacked, long after the election (RabbitMQ 3.10), where
+// a new connection publishes at once; so after a nack, the next call dials
+// afresh.
+func (s *amqpSession) dead() bool { return s.broken.Load() || s.nacked.Load() || s.ch.IsClosed() }
 
 // close closes the connection, waiting at most amqpCloseTimeout for the
 // broker's close-ok.

@@ -26,18 +26,19 @@ type published struct {
 // time with the same id and body, using publisher confirms.
 func publish(ctx context.Context, o options, logger *slog.Logger) (published, error) {
 	res := published{expected: map[string]int64{}}
-	conn, _, err := amqpnodes.Dial(ctx, o.amqpURLs, amqp.Config{})
-	if err != nil {
-		return res, fmt.Errorf("connect to rabbitmq: %w", err)
+	var ch *amqp.Channel
+	connect := func() error {
+		if ch != nil {
+			_ = ch.Close()
+		}
+		var err error
+		ch, err = confirmChannel(ctx, o.amqpURLs)
+		return err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
+	if err := connect(); err != nil {
 		return res, err
 	}
-	if err := ch.Confirm(false); err != nil {
-		return res, err
-	}
+	defer func() { _ = ch.Close() }()
 	var run [4]byte
 	_, _ = rand.Read(run[:])
 	prefix := "dep-" + hex.EncodeToString(run[:])
@@ -62,7 +63,7 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 		res.messages++
 		pending = append(pending, m)
 		if len(pending) >= 500 {
-			return waitConfirms(ctx, &pending, publishOne)
+			return waitConfirms(ctx, &pending, connect, publishOne)
 		}
 		return nil
 	}
@@ -81,7 +82,7 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 			}
 		}
 	}
-	if err := waitConfirms(ctx, &pending, publishOne); err != nil {
+	if err := waitConfirms(ctx, &pending, connect, publishOne); err != nil {
 		return res, err
 	}
 	logger.Info("published", "deposits", o.n, "messages", res.messages, "duplicates", res.messages-o.n,
@@ -96,15 +97,19 @@ type sent struct {
 	confirm     *amqp.DeferredConfirmation
 }
 
-// maxRepublish bounds how often one deposit is sent again after a nack.
-const maxRepublish = 5
+// maxRepublish bounds how often one deposit is sent again after a nack:
+// with pauses growing from 200 ms to 2 s, about 25 s, longer than a quorum
+// queue's leader election.
+const maxRepublish = 15
 
 // waitConfirms waits for every pending confirm. A nack means the broker
 // did not take the message (a quorum queue refuses publishes while it
 // elects a new leader), so the deposit is published again, as a producer
-// does: up to maxRepublish times with a growing pause. A second copy that
+// does: through a new connection (RabbitMQ 3.10 may go on nacking every
+// publish of a connection that saw the election, where a new one is not),
+// up to maxRepublish times with a pause growing to 2 s. A second copy that
 // did arrive is what the worker's inbox is for.
-func waitConfirms(ctx context.Context, pending *[]sent, publish func(sent) (sent, error)) error {
+func waitConfirms(ctx context.Context, pending *[]sent, reconnect func() error, publish func(sent) (sent, error)) error {
 	for attempt := 0; len(*pending) > 0; attempt++ {
 		var nacked []sent
 		for _, m := range *pending {
@@ -126,7 +131,10 @@ func waitConfirms(ctx context.Context, pending *[]sent, publish func(sent) (sent
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		case <-time.After(min(200*time.Millisecond<<attempt, 2*time.Second)):
+		}
+		if err := reconnect(); err != nil {
+			return err
 		}
 		for _, m := range nacked {
 			m, err := publish(m)
@@ -137,4 +145,27 @@ func waitConfirms(ctx context.Context, pending *[]sent, publish func(sent) (sent
 		}
 	}
 	return nil
+}
+
+// confirmChannel connects to one of urls, tried in a shuffled order, and
+// opens a channel in confirm mode; closing the channel closes its
+// connection.
+func confirmChannel(ctx context.Context, urls []string) (*amqp.Channel, error) {
+	conn, _, err := amqpnodes.Dial(ctx, urls, amqp.Config{})
+	if err != nil {
+		return nil, fmt.Errorf("connect to rabbitmq: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("open a confirm channel: %w", err)
+	}
+	go func() {
+		<-ch.NotifyClose(make(chan *amqp.Error, 1))
+		_ = conn.Close()
+	}()
+	return ch, nil
 }
