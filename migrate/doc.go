@@ -47,10 +47,11 @@
 //
 // # The tables
 //
-// inbox, inbox_horizons and inbox_holds (package inbox), dead_letters and
-// attempts (package consumer), ledger and ledger_audit (package ledger),
-// http_keys, http_keys_audit and http_operations (package inbox/httpinbox),
-// checkpoints (package consumer/stream), replay_runs and replay_audit
-// (package replay), and migrations itself.
+// inbox, inbox_horizons and inbox_holds (package inbox), dead_letters
+// (package deadletters), attempts (the consumer's engine, for a queue with
+// a retry queue), ledger and ledger_audit (package ledger), http_keys,
+// http_keys_audit, http_operations and http_operations_audit (package
+// inbox/httpinbox), checkpoints (a stream consumer's, and a replay's),
+// replay_runs and replay_audit (package replay), and migrations itself.
 // Package retention keeps them from growing forever.
 package migrate

@@ -6,6 +6,7 @@
 //	idem inbox show --consumer C --id ID | stats | cleanup --older-than 168h [--consumer C]
 //	idem ledger list [--status S] | show ID | resolve ID --as succeeded|failed|retry --reason "…" | stats
 //	idem http-keys list [--state S] | show KEY_ID | resolve KEY_ID --as completed|retry --reason "…"
+//	idem operations list [--state S] | show OPERATION_ID | resolve OPERATION_ID --as succeeded|failed --reason "…"
 //	idem deadletters list [--consumer C] [--id ID] [--reason R] | redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N]
 //	idem replay runs [--consumer C]
 //	idem cleanup --older-than 720h [--floor D]

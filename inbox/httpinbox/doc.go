@@ -122,11 +122,14 @@
 //
 // # Operating it
 //
-// Two gauges are read from the table whenever the metrics are collected:
+// Four gauges are read from the tables whenever the metrics are collected:
 // idem.http_keys.oldest_in_progress_age (the oldest started key under a
 // live lease: a request still running, or one that crashed and still holds
-// its lease) and
-// idem.http_keys.oldest_unknown_age (the oldest Unknown outcome, which waits
-// for an operator). Keys lists, shows and resolves records without a
-// Middleware; the `idem http-keys` command is built on it.
+// its lease), idem.http_keys.oldest_unknown_age (the oldest Unknown
+// outcome, which waits for an operator), and likewise
+// idem.http_operations.oldest_in_progress_age and
+// idem.http_operations.oldest_unknown_age for the operations a worker moves.
+// Keys lists, shows and resolves key records without a Middleware, and
+// Operations (List, History, Resolve, Stats) does the same for operations;
+// the `idem http-keys` and `idem operations` commands are built on them.
 package httpinbox

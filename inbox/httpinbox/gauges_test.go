@@ -34,8 +34,10 @@ func TestGaugesReportTheOldestKeyInProgressAndTheOldestUnknown(t *testing.T) {
 		return out
 	}
 	require.Equal(t, map[string]float64{
-		"idem.http_keys.oldest_in_progress_age": 0,
-		"idem.http_keys.oldest_unknown_age":     0,
+		"idem.http_keys.oldest_in_progress_age":       0,
+		"idem.http_keys.oldest_unknown_age":           0,
+		"idem.http_operations.oldest_in_progress_age": 0,
+		"idem.http_operations.oldest_unknown_age":     0,
 	}, gauges(), "nothing waits")
 
 	var runs atomic.Int64

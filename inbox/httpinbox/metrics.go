@@ -19,19 +19,21 @@ const instrumentation = "github.com/idemkit/idem/inbox/httpinbox"
 // metrics are the middleware's instruments. Each counter carries the route's
 // operation as its only attribute (cleanup counts carry none); keys never
 // become attributes. duration is the semantic conventions' request duration,
-// by method, scheme, route and status. The two gauges are read from the
-// table when the metrics are collected.
+// by method, scheme, route and status. The gauges are read from the tables
+// when the metrics are collected.
 type metrics struct {
-	meter      metric.Meter
-	inProgAge  metric.Float64ObservableGauge // age of the oldest started key
-	unknownAge metric.Float64ObservableGauge // age of the oldest unknown outcome
-	duration   httpconv.ServerRequestDuration
-	started    metric.Int64Counter // handler runs begun (first requests and takeovers)
-	replayed   metric.Int64Counter // stored responses sent again
-	conflict   metric.Int64Counter // keys reused with a different fingerprint (422)
-	inProgress metric.Int64Counter // requests answered 409
-	expired    metric.Int64Counter // records removed because they expired
-	unknown    metric.Int64Counter // outcomes the server cannot prove
+	meter        metric.Meter
+	inProgAge    metric.Float64ObservableGauge // age of the oldest started key
+	unknownAge   metric.Float64ObservableGauge // age of the oldest unknown outcome
+	opInProgAge  metric.Float64ObservableGauge // age of the oldest operation accepted or running
+	opUnknownAge metric.Float64ObservableGauge // age of the oldest unknown operation
+	duration     httpconv.ServerRequestDuration
+	started      metric.Int64Counter // handler runs begun (first requests and takeovers)
+	replayed     metric.Int64Counter // stored responses sent again
+	conflict     metric.Int64Counter // keys reused with a different fingerprint (422)
+	inProgress   metric.Int64Counter // requests answered 409
+	expired      metric.Int64Counter // records removed because they expired
+	unknown      metric.Int64Counter // outcomes the server cannot prove
 
 	signatureRejected metric.Int64Counter // webhooks refused for their signature, by reason
 	bulkItems         metric.Int64Counter // bulk items answered, by item operation and status
@@ -70,6 +72,10 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 		"Age of the oldest idempotency key started under a live lease: a request running, or one that crashed and still holds its lease.")
 	m.unknownAge = gauge("idem.http_keys.oldest_unknown_age",
 		"How long the oldest unknown outcome has waited for an operator (idem http-keys resolve).")
+	m.opInProgAge = gauge("idem.http_operations.oldest_in_progress_age",
+		"Age of the oldest long-running operation still accepted or running, among those a worker moves (not those following a ledger effect).")
+	m.opUnknownAge = gauge("idem.http_operations.oldest_unknown_age",
+		"How long the oldest unknown long-running operation a worker moves has waited for a reconciler or an operator (idem operations resolve).")
 	m.meter = meter
 	var err error
 	m.duration, err = httpconv.NewServerRequestDuration(meter)
@@ -85,10 +91,24 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 // gaugeTimeout bounds the query that reads the gauges at collection.
 const gaugeTimeout = 5 * time.Second
 
-// observeAges registers the callback that reads the two gauges with ages
-// when the metrics are collected. It stays registered for the life of the
-// meter provider, like the middleware it belongs to.
+// observeAges registers the callback that reads the two key gauges with
+// ages when the metrics are collected. It stays registered for the life of
+// the meter provider, like the middleware it belongs to.
 func (m metrics) observeAges(ages func(context.Context) (inProgress, unknown time.Duration, err error)) error {
+	return m.observePair(m.inProgAge, m.unknownAge, ages)
+}
+
+// observeOperationAges registers, like observeAges, the callback that reads
+// the two operation gauges with ages (Operations.ages). It is a callback of
+// its own: the key gauges report even when the operations cannot be read.
+func (m metrics) observeOperationAges(ages func(context.Context) (inProgress, unknown time.Duration, err error)) error {
+	return m.observePair(m.opInProgAge, m.opUnknownAge, ages)
+}
+
+// observePair registers a callback observing the two ages reads into
+// inProgress and unknown, bounded by gaugeTimeout.
+func (m metrics) observePair(inProgAge, unknownAge metric.Float64ObservableGauge,
+	ages func(context.Context) (inProgress, unknown time.Duration, err error)) error {
 	_, err := m.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
 		defer cancel()
@@ -96,10 +116,10 @@ func (m metrics) observeAges(ages func(context.Context) (inProgress, unknown tim
 		if err != nil {
 			return err
 		}
-		o.ObserveFloat64(m.inProgAge, inProgress.Seconds())
-		o.ObserveFloat64(m.unknownAge, unknown.Seconds())
+		o.ObserveFloat64(inProgAge, inProgress.Seconds())
+		o.ObserveFloat64(unknownAge, unknown.Seconds())
 		return nil
-	}, m.inProgAge, m.unknownAge)
+	}, inProgAge, unknownAge)
 	if err != nil {
 		return fmt.Errorf("httpinbox: register gauges: %w", err)
 	}

@@ -102,6 +102,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := met.observeOperationAges(ops.ages); err != nil {
+		return nil, err
+	}
 	m := &Middleware{
 		ops:     ops,
 		pool:    pool,

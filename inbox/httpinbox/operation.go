@@ -23,6 +23,13 @@ type OperationState string
 // The states of an operation: accepted → running → succeeded | failed |
 // unknown. Succeeded and failed are final; unknown waits for whoever can
 // tell (a reconciler, an operator) and may still become either.
+//
+// Running is optional: work that finishes at once need not be started, so
+// an accepted operation may go straight to succeeded, failed or unknown
+// (Operations.Finish). A finished operation never changes. Start moves only
+// an accepted one, so an operation moved by hand never goes back to
+// running; one that follows a ledger effect goes from unknown back to
+// running when the effect is sent again.
 const (
 	OperationAccepted  OperationState = "accepted"
 	OperationRunning   OperationState = "running"
@@ -118,8 +125,11 @@ WHERE operation_id = $1 AND state = 'accepted'`
 
 	// finishOperationSQL moves an unfinished operation ($3 guards the state
 	// it was read in, or any unfinished one when empty). A finished one is
-	// kept as long after finishing as it was kept when accepted.
-	finishOperationSQL = `UPDATE {ops} SET state = $2, result = $4, updated_at = now(),
+	// kept as long after finishing as it was kept when accepted. updated_at
+	// is when it last changed state: an unknown one finished unknown again
+	// keeps how long it has waited.
+	finishOperationSQL = `UPDATE {ops} SET state = $2, result = $4,
+	updated_at = CASE WHEN state = $2 THEN updated_at ELSE now() END,
 	finished_at = CASE WHEN $2 IN ('succeeded', 'failed') THEN now() END,
 	expires_at = CASE WHEN $2 IN ('succeeded', 'failed') THEN greatest(expires_at, now() + (expires_at - created_at))
 		ELSE expires_at END
@@ -141,11 +151,14 @@ func newOperationSQL(t idem.Tables) operationSQL {
 // Operations moves and reads operation records outside the HTTP edge,
 // typically in the worker that carries an operation out, in its own
 // transaction: Start when the work begins, Finish with its outcome. It is
-// safe for concurrent use.
+// also the operator's view of them: List, Get, History, Resolve and Stats
+// (the `idem operations` command is built on them). It is safe for
+// concurrent use.
 type Operations struct {
 	pool   *pgxpool.Pool
 	sql    operationSQL
-	ledger *ledger.Ledger // reads the effects operations follow
+	admin  operationAdminSQL // the operator's statements (operations_admin.go)
+	ledger *ledger.Ledger    // reads the effects operations follow
 }
 
 // NewOperations returns the operation records of tables in pool.
@@ -157,7 +170,7 @@ func NewOperations(pool *pgxpool.Pool, tables idem.Tables) (*Operations, error) 
 	if err != nil {
 		return nil, fmt.Errorf("httpinbox: %w", err)
 	}
-	return &Operations{pool: pool, sql: newOperationSQL(tables), ledger: l}, nil
+	return &Operations{pool: pool, sql: newOperationSQL(tables), admin: newOperationAdminSQL(tables), ledger: l}, nil
 }
 
 // Start moves operation id from accepted to running, in tx. Starting a
@@ -176,8 +189,12 @@ func (o *Operations) Start(ctx context.Context, tx pgx.Tx, id string) error {
 
 // Finish ends operation id in state (succeeded, failed, or unknown until
 // someone can tell) with result, any value that encodes as JSON (nil for
-// none), in tx. Finishing it again in the same state is a no-op; a
-// finished operation never changes (ErrOperationState).
+// none), in tx. The operation may be accepted (work that finishes at once
+// need not be started), running, or unknown (a reconciler that learned the
+// outcome). Finishing it again in the same state is a no-op (an unknown one
+// takes the new result, and keeps the time it became unknown); a finished
+// operation never changes (ErrOperationState), whether a worker, the ledger
+// effect it follows or an operator (Operations.Resolve) finished it.
 func (o *Operations) Finish(ctx context.Context, tx pgx.Tx, id string, state OperationState, result any) error {
 	if !state.Final() && state != OperationUnknown {
 		return fmt.Errorf("httpinbox: finish operation %s: %w: %q is not succeeded, failed or unknown", id, ErrOperationState, state)
@@ -274,7 +291,7 @@ func effectOutcome(cur OperationState, e ledger.Entry) (OperationState, json.Raw
 		}
 		return OperationSucceeded, nil
 	case ledger.StatusFailedTerminal:
-		return OperationFailed, Problem(http.StatusBadGateway, "OPERATION_FAILED", "the operation failed for good").Body
+		return OperationFailed, failedResult()
 	case ledger.StatusUnknown:
 		return OperationUnknown, Problem(http.StatusBadGateway, "OPERATION_OUTCOME_UNKNOWN",
 			"the outcome is not known yet; it is being checked").Body
@@ -283,6 +300,12 @@ func effectOutcome(cur OperationState, e ledger.Entry) (OperationState, json.Raw
 		return OperationRunning, nil // recorded, waiting, or sent again
 	}
 	return cur, nil
+}
+
+// failedResult is the result of an operation that failed for good without
+// a result of its own: the problem document OPERATION_FAILED.
+func failedResult() json.RawMessage {
+	return Problem(http.StatusBadGateway, "OPERATION_FAILED", "the operation failed for good").Body
 }
 
 // Accept records the long-running operation a, in tx, the handler's

@@ -245,3 +245,49 @@ func TestAcceptingAnotherScopesOperationIDIsAConflict(t *testing.T) {
 	requireProblem(t, post(h, "k1", `{}`, "X-Test-Caller", "bob"), http.StatusInternalServerError, httpinbox.CodeInternal)
 	require.ErrorIs(t, last, httpinbox.ErrOperationConflict)
 }
+
+// Running is optional: work that finishes at once goes from accepted
+// straight to its outcome, and nothing goes back to running afterwards.
+func TestOperationFinishesStraightFromAccepted(t *testing.T) {
+	t.Parallel()
+	f := newOpFixture(t)
+	ctx := context.Background()
+	ops, err := httpinbox.NewOperations(f.pool, f.tables)
+	require.NoError(t, err)
+	outcomes := map[string]httpinbox.OperationState{
+		"k1": httpinbox.OperationSucceeded, "k2": httpinbox.OperationFailed, "k3": httpinbox.OperationUnknown,
+	}
+	ids := map[string]string{}
+	for k, state := range outcomes {
+		ids[k] = doc(t, post(f.mux, k, `{}`)).OperationID
+		require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+			return ops.Finish(ctx, tx, ids[k], state, map[string]string{"k": k})
+		}), "%s: accepted → %s", k, state)
+		status := f.get(f.mux, "/operations/"+ids[k])
+		require.Equal(t, string(state), doc(t, status).State)
+		require.JSONEq(t, `{"k":"`+k+`"}`, string(doc(t, status).Result))
+		require.Empty(t, status.Header().Get("Retry-After"))
+		require.ErrorIs(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error { return ops.Start(ctx, tx, ids[k]) }),
+			httpinbox.ErrOperationState, "%s: never back to running", k)
+	}
+
+	// Unknown again takes the new result and keeps the time it became
+	// unknown; a reconciler then finishes it.
+	before, err := ops.Get(ctx, ids["k3"])
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		return ops.Finish(ctx, tx, ids["k3"], httpinbox.OperationUnknown, map[string]string{"checked": "again"})
+	}))
+	after, err := ops.Get(ctx, ids["k3"])
+	require.NoError(t, err)
+	require.JSONEq(t, `{"checked":"again"}`, string(after.Result))
+	require.True(t, after.UpdatedAt.Equal(before.UpdatedAt), "%v, then %v", before.UpdatedAt, after.UpdatedAt)
+	require.True(t, after.FinishedAt.IsZero())
+	require.NoError(t, pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		return ops.Finish(ctx, tx, ids["k3"], httpinbox.OperationSucceeded, nil)
+	}))
+	got, err := ops.Get(ctx, ids["k3"])
+	require.NoError(t, err)
+	require.Equal(t, httpinbox.OperationSucceeded, got.State)
+	require.False(t, got.FinishedAt.IsZero())
+}
