@@ -39,7 +39,9 @@ const (
 
 	// MaxOutcome is the last outcome: arrays indexed by Outcome
 	// (consumer.Stats.ByOutcome) have MaxOutcome+1 elements. A new outcome
-	// goes before it, and MaxOutcome names it.
+	// goes before it, and MaxOutcome names it; outcomeNames names it, and
+	// Final and Copied say how the sources settle it. The metrics, the
+	// stats and the queue source's acks follow from those.
 	MaxOutcome = Postponed
 )
 
@@ -63,6 +65,12 @@ func (o Outcome) String() string {
 func (o Outcome) Final() bool {
 	return o == Processed || o == Duplicate || o == DeadLettered || o == Skipped
 }
+
+// Copied reports whether a queue source settles o by storing a copy of the
+// message before it acks it: dead-lettered (the dead-letter queue) and
+// retried (the retry queue). A final outcome that is not copied is acked
+// as it is; any other is handed back to the queue.
+func (o Outcome) Copied() bool { return o == DeadLettered || o == Retried }
 
 // Outcomes lists every outcome, in order.
 func Outcomes() []Outcome {

@@ -29,9 +29,9 @@ const (
 	Existing
 )
 
-// Config configures a Consumer. Name and Pool are required, and Run needs
-// the broker (AMQPURL or AMQPURLs) and Queue; every other field has the
-// default its comment states.
+// Config configures a Consumer. Name and Pool are required; a Queue needs
+// its broker (AMQPURL or AMQPURLs), which New checks, and Run needs a Queue;
+// every other field has the default its comment states.
 // A stream consumer (package consumer/stream) takes the same Config, but
 // the fields that only a queue reads (those its comment says are "queue
 // only"), which stream.New refuses.
@@ -356,6 +356,8 @@ func (c *Config) validate() error {
 		return configError("BatchMaxWait must not be negative")
 	case c.Partitions < 0 || c.Partitions > maxPartitions:
 		return configError("Partitions must be between 0 and %d", maxPartitions)
+	case c.Queue != "" && c.AMQPURL == "" && len(c.AMQPURLs) == 0:
+		return configError("Queue needs AMQPURL or AMQPURLs: the broker to consume it from")
 	case c.Partitions > 0 && c.Queue == "":
 		return configError("Partitions needs a Queue")
 	case c.Partitions > 0 && c.QueueType != "quorum":

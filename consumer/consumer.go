@@ -102,10 +102,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	switch {
 	case c.eng.Config().Handler == nil:
 		return configError("no handler: call Handle before Run")
-	case c.src == nil:
-		return configError("Run needs Queue")
-	case len(c.cfg.nodes()) == 0:
-		return configError("Run needs AMQPURL or AMQPURLs")
+	case c.src == nil: // New made sure a Queue has its broker
+		return configError("Run needs Queue (a stream runs with stream.Run)")
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run is already running")
@@ -121,8 +119,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 // Declare connects once and sets up the topology as Config.Topology says,
 // so that publishers can start before the first worker does.
 func (c *Consumer) Declare(ctx context.Context) error {
-	if c.src == nil || len(c.cfg.nodes()) == 0 {
-		return configError("Declare needs AMQPURL or AMQPURLs, and Queue")
+	if c.src == nil {
+		return configError("Declare needs Queue")
 	}
 	if err := c.src.Declare(ctx); err != nil {
 		return fmt.Errorf("consumer: declare: %w", err)

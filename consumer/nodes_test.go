@@ -81,8 +81,9 @@ func TestRefusedCredentialsOrAMissingVhostEndRunWithinTheFirstRound(t *testing.T
 }
 
 // New refuses what would otherwise be dialled as one strange node:
-// several URLs in AMQPURL, a host list, a malformed URL; and both fields
-// at once.
+// several URLs in AMQPURL, a host list, a malformed URL; both fields at
+// once; and a Queue with no broker to consume it from, which Run would
+// find only when it starts.
 func TestNewRefusesAMalformedBrokerURL(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -93,6 +94,7 @@ func TestNewRefusesAMalformedBrokerURL(t *testing.T) {
 		"bad scheme":          func(c *Config) { c.AMQPURL = "http://g:secret@127.0.0.1/" },
 		"bad node in list":    func(c *Config) { c.AMQPURL = ""; c.AMQPURLs = []string{e.url, "amqp://g:secret@h1:port/"} },
 		"both fields":         func(c *Config) { c.AMQPURLs = []string{e.url} },
+		"a queue, no broker":  func(c *Config) { c.AMQPURL = "" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := e.config()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
@@ -105,7 +106,7 @@ func (t *Telemetry) idemInstruments(m metric.Meter) error {
 			*dst, err = m.Int64Counter(name, metric.WithDescription(desc))
 		}
 	}
-	counter(&t.messages, "idem.consumer.messages", "Messages by outcome: processed, duplicate, conflict, dead_lettered, retried, unresolved, skipped, held, postponed.")
+	counter(&t.messages, "idem.consumer.messages", "Messages by outcome: "+outcomeList()+", and conflict (a dead letter whose payload conflicted, counted there only).")
 	counter(&t.decisions, "idem.consumer.inbox.decisions", "Inbox claims by decision: new, duplicate, conflict.")
 	counter(&t.deadLetters, "idem.consumer.dead_letters", "Messages dead-lettered, by reason.")
 	counter(&t.redelivered, "idem.consumer.redeliveries", "Deliveries the broker made before (redelivered, x-delivery-count), run alone.")
@@ -191,3 +192,12 @@ func (t *Telemetry) abandoned(ctx context.Context) { t.abandonedN.Add(ctx, 1, t.
 
 // reasonAttr is a dead letter's reason as a metric attribute.
 func reasonAttr(reason string) attribute.KeyValue { return attribute.String("reason", reason) }
+
+// outcomeList names the outcomes, for the messages counter's description.
+func outcomeList() string {
+	names := make([]string, 0, idem.MaxOutcome)
+	for _, o := range idem.Outcomes() {
+		names = append(names, o.String())
+	}
+	return strings.Join(names, ", ")
+}

@@ -46,7 +46,7 @@ func (s *session) take(src *Source, d *amqp.Delivery) {
 func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, results []engine.Result) {
 	stored := make([]bool, len(batch))
 	for i, r := range results {
-		stored[i] = r.Outcome == idem.Processed || r.Outcome == idem.Duplicate
+		stored[i] = r.Outcome.Final() && !r.Outcome.Copied() // copies: once the broker confirmed them
 	}
 	defer func() {
 		for _, d := range batch {
@@ -112,7 +112,7 @@ func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []o
 func countable(results []engine.Result, stored []bool) []engine.Result {
 	var out []engine.Result
 	for i, r := range results {
-		if (r.Outcome == idem.DeadLettered || r.Outcome == idem.Retried) && !stored[i] {
+		if r.Outcome.Copied() && !stored[i] {
 			if out == nil {
 				out = slices.Clone(results)
 			}
