@@ -2,10 +2,11 @@ package consumer
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"math/rand/v2"
+	"maps"
 	"os/exec"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -77,99 +78,167 @@ func TestNewRefusesPartitionsWithoutAQueueOrWithARetryQueueOrClassicQueues(t *te
 	}
 }
 
-// Three worker processes on eight partitions: every event applied once,
-// none out of its account's order, each process applying its share, one of
-// them killed with SIGKILL mid-run and its partitions taken over by the
-// others in order.
+// Three worker processes on eight partitions while events flow: every event
+// applied once, none out of its account's order, each process applying its
+// share. One of them is killed with SIGKILL mid-run: within 10 s of the
+// kill every partition is consumed again by a survivor (the bound the
+// partitions promise), what the dead one left unacked applied or skipped
+// before the later events of its keys. Then a fourth process joins while
+// events still flow: partitions move to it, each consumed by the process
+// holding its lock only, none out of order, and it applies its share.
 func TestPartitionsKeepEachKeysOrderAcrossProcessesAndAKill(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	const parts, accounts, events = 8, 40, 100
+	// 50 accounts: every partition gets some (the exchange hashes them), so
+	// every process, the one that joins included, has events to apply; at
+	// 2,000 events a second each account has a few in every partition's
+	// backlog while it changes hands.
+	const parts, accounts = 8, 50
+	const takeoverBound = 10 * time.Second
 	testbroker.PartitionsAtEnd(t, e.queue, parts)
 	e.createOrderedTables()
 	e.declare(func(c *Config) { c.Partitions = parts; c.OrderingKey = func(m *Message) string { return m.ID } })
+	partOf := e.partitionsOfAccounts(parts, accounts)
+	applied := func(label string) int {
+		return e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied WHERE label = $1`, label)
+	}
+	broker := testbroker.Channel(t)
+	oneConsumerEach := func() string {
+		if c := partitionConsumers(t, broker, e.queue, parts); slices.ContainsFunc(c, func(n int) bool { return n != 1 }) {
+			return fmt.Sprintf("partition queues' consumers %v, want one each", c)
+		}
+		return ""
+	}
 
-	workers := map[string]*workerProc{}
+	workers := map[string]*exec.Cmd{}
 	for _, name := range []string{"w1", "w2", "w3"} {
-		cmd, _ := e.startWorker("ordered", "-partitions", fmt.Sprint(parts), "-label", name)
-		workers[name] = &workerProc{cmd: cmd}
+		workers[name] = e.startOrderedWorker(parts, name)
 	}
-	// Events in order per account, 10% of them published a second time a
-	// little later; accounts interleaved.
-	pub := testbroker.Channel(t)
-	require.NoError(t, pub.Confirm(false))
-	next := make([]int, accounts)
-	var dups []int // accounts' seqs to publish again
-	sent, killed := 0, false
-	publishEvent := func(a, seq int) {
-		body, _ := json.Marshal(map[string]any{"account": fmt.Sprintf("acct-%d", a), "seq": seq})
-		dc, err := partitions.Publish(context.Background(), pub, e.queue, parts, fmt.Sprintf("acct-%d", a), amqp.Publishing{
-			MessageId: fmt.Sprintf("acct-%d/%d", a, seq), Body: body, DeliveryMode: amqp.Persistent,
-		})
-		require.NoError(t, err)
-		ok, err := dc.WaitContext(context.Background())
-		require.NoError(t, err)
-		require.True(t, ok)
-	}
-	for sent < accounts*events {
-		a := rand.IntN(accounts)
-		if next[a] == events {
-			continue
+	flow := e.flowEvents(parts, accounts)
+
+	// Every process applies events and holds its share, each partition
+	// consumed once, before one is killed: the observables the takeover is
+	// judged by hold in the steady state first.
+	pollUntil(t, time.Now().Add(60*time.Second), "three processes applying events, the partitions spread over them", func() string {
+		flow.check(t)
+		if why := e.leaseOf(parts).spreadOver("w1", "w2", "w3"); why != "" {
+			return why
 		}
-		next[a]++
-		publishEvent(a, next[a])
-		sent++
-		if rand.IntN(10) == 0 {
-			dups = append(dups, a*1000+next[a])
+		for _, name := range []string{"w1", "w2", "w3"} {
+			if n := applied(name); n < 200 {
+				return fmt.Sprintf("%s applied %d events", name, n)
+			}
 		}
-		if len(dups) > 20 {
-			d := dups[0]
-			dups = dups[1:]
-			publishEvent(d/1000, d%1000)
-		}
-		if sent%200 == 0 {
-			time.Sleep(100 * time.Millisecond) // about 2,000 events a second
-		}
-		if !killed && sent == accounts*events*3/4 {
-			// Every process applies its share before one is killed.
-			waitFor(t, 60*time.Second, "each process applying at least 10% of the events", func() bool {
-				for name := range workers {
-					if e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied WHERE label = $1`, name) < accounts*events/10 {
-						return false
-					}
-				}
-				return true
-			})
-			require.NoError(t, workers["w2"].cmd.Process.Signal(syscall.SIGKILL))
-			_ = workers["w2"].cmd.Wait()
-			killed = true
-		}
-	}
-	for _, d := range dups {
-		publishEvent(d/1000, d%1000)
-	}
-	waitFor(t, 2*time.Minute, "every event applied", func() bool {
-		return e.count(`SELECT count(DISTINCT message_id) FROM `+e.tables.QuotedSchema()+`.applied`) == accounts*events
+		return oneConsumerEach()
 	})
-	require.Equal(t, accounts*events, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied`), "each event applied once")
-	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.violations`), "no event out of its account's order")
-	for name := range workers {
-		n := e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied WHERE label = $1`, name)
-		t.Logf("%s applied %d events", name, n)
+	before := e.leaseOf(parts)
+	t.Logf("before the kill: %s", before)
+
+	// A partition is consumed again once a survivor applied one of its
+	// events after the kill: for w2's partitions that takes a survivor's
+	// consumer to become the partition queue's active consumer, which the
+	// broker allows only once it dropped w2's, and nothing before the kill
+	// counts (times are the database's, like the applied rows'). w2's
+	// sessions gone, the lease's locks held by the survivors within their
+	// share, and one consumer per partition queue must hold too: they say
+	// where it is stuck if not.
+	deadline, killAt := time.Now().Add(takeoverBound), e.dbNow()
+	require.NoError(t, workers["w2"].Process.Signal(syscall.SIGKILL))
+	_ = workers["w2"].Wait()
+	var relocked time.Time
+	var firsts map[int]map[string]time.Time
+	pollUntil(t, deadline, fmt.Sprintf("every partition consumed by a survivor within %s of the kill", takeoverBound), func() string {
+		flow.check(t)
+		st := e.leaseOf(parts)
+		if n := st.backends["w2"]; n > 0 {
+			return fmt.Sprintf("w2's %d sessions still open; %s", n, st)
+		}
+		if why := st.spreadOver("w1", "w3"); why != "" {
+			return why + "; " + st.String()
+		}
+		if relocked.IsZero() {
+			relocked = e.dbNow()
+		}
+		firsts = e.firstAppliedSince(killAt, partOf)
+		for i := range parts {
+			if firsts[i]["w1"].IsZero() && firsts[i]["w3"].IsZero() {
+				return fmt.Sprintf("partition %d: no event applied by a survivor since the kill; %s", i, st)
+			}
+		}
+		return oneConsumerEach()
+	})
+	var handover []string
+	for _, i := range before.held("w2") {
+		first := firsts[i]["w1"]
+		if t3 := firsts[i]["w3"]; first.IsZero() || (!t3.IsZero() && t3.Before(first)) {
+			first = t3
+		}
+		handover = append(handover, fmt.Sprintf("p%d %v", i, first.Sub(killAt).Round(time.Millisecond)))
 	}
+	t.Logf("takeover of w2's partitions: survivors held every lock %v after the kill; first event applied by a survivor: %s",
+		relocked.Sub(killAt).Round(time.Millisecond), strings.Join(handover, ", "))
+
+	// A fourth process joins while events still flow: the others let
+	// partitions go (stopping first) and it takes them, each process at
+	// most its share. From then on each partition's events are applied by
+	// the process holding its lock, and by no other.
+	started := time.Now()
+	joinAt := e.dbNow()
+	workers["w4"] = e.startOrderedWorker(parts, "w4")
+	pollUntil(t, started.Add(30*time.Second), "the partitions spread over w1, w3 and the joining w4", func() string {
+		flow.check(t)
+		st := e.leaseOf(parts)
+		if why := st.spreadOver("w1", "w3", "w4"); why != "" {
+			return why + "; " + st.String()
+		}
+		return oneConsumerEach()
+	})
+	spread := e.dbNow()
+	joined := e.leaseOf(parts)
+	t.Logf("w4 joined %v after it started: %s", time.Since(started).Round(time.Millisecond), joined)
+	require.NotEmpty(t, joined.held("w4"), "w4 holds partitions: %s", joined)
+	pollUntil(t, time.Now().Add(30*time.Second), "an event of every partition applied after the partitions spread over w1, w3 and w4", func() string {
+		flow.check(t)
+		firsts = e.firstAppliedSince(spread, partOf)
+		for i := range parts {
+			if len(firsts[i]) == 0 {
+				return fmt.Sprintf("partition %d: no event applied since", i)
+			}
+		}
+		return ""
+	})
+	now := e.leaseOf(parts)
+	require.Equal(t, joined.holder, now.holder, "the lease is steady once spread: %s, then %s", joined, now)
+	for i := range parts {
+		require.Equal(t, []string{joined.holder[i]}, slices.Sorted(maps.Keys(firsts[i])),
+			"partition %d's events are applied by the process holding its lock only", i)
+	}
+	events := flow.finish(t)
+	waitFor(t, 2*time.Minute, "every event applied", func() bool {
+		return e.count(`SELECT count(DISTINCT message_id) FROM `+e.tables.QuotedSchema()+`.applied`) == events
+	})
+	require.Equal(t, events, e.count(`SELECT count(*) FROM `+e.tables.QuotedSchema()+`.applied`), "each event applied once")
+	if n := e.count(`SELECT count(*) FROM ` + e.tables.QuotedSchema() + `.violations`); n > 0 {
+		e.logViolations(killAt, joinAt)
+		t.Fatalf("%d events applied out of their account's order", n)
+	}
+	for _, name := range []string{"w1", "w2", "w3", "w4"} {
+		t.Logf("%s applied %d of %d events", name, applied(name), events)
+	}
+	require.Positive(t, applied("w4"), "the process that joined applies its share")
 }
 
-// workerProc is one worker process of a test.
-type workerProc struct{ cmd *exec.Cmd }
-
-// createOrderedTables creates the tables of testworker's ordered mode.
+// createOrderedTables creates the tables of testworker's ordered mode. An
+// applied event's row also says when its transaction applied it (at), for
+// the report of events out of order.
 func (e *env) createOrderedTables() {
 	e.t.Helper()
 	s := e.tables.QuotedSchema()
 	_, err := e.pool.Exec(context.Background(), `
 		CREATE TABLE `+s+`.last_seq (account text PRIMARY KEY, seq int NOT NULL);
 		CREATE TABLE `+s+`.violations (account text NOT NULL, seq int NOT NULL, after int NOT NULL);
-		CREATE TABLE `+s+`.applied (message_id text NOT NULL, label text NOT NULL)`)
+		CREATE TABLE `+s+`.applied (message_id text NOT NULL, label text NOT NULL,
+			at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(e.t, err)
 }
 
@@ -198,12 +267,13 @@ func TestAPartitionedConsumerHoldingNoPartitionIsAReadyStandby(t *testing.T) {
 		require.NoError(t, err)
 	}
 	publish("m-1")
-	waitFor(t, 15*time.Second, "m-1 applied", func() bool { return e.effects()["m-1"] == 1 })
-	require.EqualValues(t, 1, a.Stats().Processed, "the holder applies it")
+	// A message is counted once the broker has been told, just after its
+	// effect commits.
+	waitFor(t, 15*time.Second, "m-1 applied by the holder", func() bool { return e.effects()["m-1"] == 1 && a.Stats().Processed == 1 })
 
 	stopA()
 	publish("m-2")
-	waitFor(t, 15*time.Second, "m-2 applied by the standby", func() bool { return e.effects()["m-2"] == 1 })
-	require.EqualValues(t, 1, b.Stats().Processed)
+	waitFor(t, 15*time.Second, "m-2 applied by the standby", func() bool { return e.effects()["m-2"] == 1 && b.Stats().Processed == 1 })
+	require.EqualValues(t, 1, a.Stats().Processed, "the holder that left applied nothing more")
 	require.True(t, b.Health().Ready, b.Health().Reason)
 }

@@ -282,7 +282,8 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 // finish ends a session whose batches are over. Acks still waiting behind
 // deliveries that will never be settled on this channel (never started,
 // left unacked) go out one by one while the channel works; what cannot be
-// sent is counted. On shutdown the consumer is cancelled, synchronously.
+// sent is counted. On shutdown the consumer of a queue is cancelled,
+// synchronously; a partition's is not (see below).
 func (src *Source) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
 	s.gate.release() // what follows needs the broker's answers
 	go func() {      // owned: ends when the session's connection closes
@@ -298,13 +299,22 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 	if n := s.acks.unsent(); n > 0 {
 		src.dropAcks(ctx, n)
 	}
-	if s.alive() {
+	if s.alive() && src.cfg.Exchange == "" {
 		// Shutdown: the in-flight batches are acked; now cancel the
 		// consumer. The order matters on RabbitMQ 3.10 quorum queues: acks
 		// that arrive after basic.cancel are ignored, and acks still pending
 		// in the channel when the connection closes are lost, while a
 		// cancel-ok confirms the acks before it. The wait for cancel-ok is
 		// bounded by CommitTimeout (ctx has ended: shutdown).
+		//
+		// A partition (a single active consumer) is handed over instead by
+		// closing the connection. A cancel would activate the next consumer
+		// at once, while the deliveries this one never started stay checked
+		// out to its channel until it closes: the next consumer would get a
+		// key's later messages before them. Closing returns them to the
+		// head of the queue before the next consumer is activated; an ack
+		// the close loses brings its message back there too, as a duplicate
+		// the inbox skips, in order.
 		err := src.brokerCall(context.WithoutCancel(ctx), s.sock, func() error { return s.ch.Cancel(tag, false) })
 		if err != nil {
 			src.cfg.Logger.Warn("cancelling the consumer at shutdown failed; the broker redelivers what was not acked",
