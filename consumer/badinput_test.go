@@ -101,7 +101,7 @@ func FuzzPrepare(f *testing.F) {
 	c := fuzzConsumer(f)
 	f.Fuzz(func(t *testing.T, id string, body []byte, key string, attempt int64, count string) {
 		headers := amqp.Table{"key": key, "x-idem-attempt": attempt, "x-delivery-count": count}
-		it := c.Engine(engine.Key{}).PrepareAll([]Message{{MessageID: id, Body: body, Headers: headers}})[0]
+		it := c.Engine(engine.ModuleKey()).PrepareAll([]Message{{MessageID: id, Body: body, Headers: headers}})[0]
 		m := it.Message
 		require.Equal(t, idem.HashBytes(body), m.Hash)
 		require.GreaterOrEqual(t, m.Attempt, 1)

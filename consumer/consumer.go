@@ -86,9 +86,13 @@ func (c *Consumer) HandleBatch(h BatchHandler) { c.eng.SetBatchHandler(h) }
 func (c *Consumer) Config() Config { return c.cfg }
 
 // Engine gives the module's own packages that run a consumer's handlers
-// from another source (consumer/stream, replay) the consumer's runtime. Its
-// argument's type is internal to idem: no other package can call it.
-func (c *Consumer) Engine(engine.Key) *engine.Engine { return c.eng }
+// from another source (consumer/stream, replay) the consumer's runtime.
+// Only they can make its argument (engine.ModuleKey, internal to idem); it
+// panics with any other.
+func (c *Consumer) Engine(k engine.Key) *engine.Engine {
+	k.Check()
+	return c.eng
+}
 
 // Run consumes the queue until ctx is cancelled, reconnecting (with capped
 // exponential backoff) whenever a connection or a channel dies. On

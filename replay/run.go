@@ -152,7 +152,7 @@ func Run(ctx context.Context, s *stream.Consumer, opts Options) (Summary, error)
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
 	r := &runner{
-		eng: s.Engine(engine.Key{}), ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		eng: s.Engine(engine.ModuleKey()), ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
 		log:  o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
 		sum:  Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
 		proj: o.Projection, tally: newTally(),

@@ -61,7 +61,7 @@ func New(c *consumer.Consumer, cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	eng := c.Engine(engine.Key{})
+	eng := c.Engine(engine.ModuleKey())
 	eng.SetSource(cfg.Stream)
 	return &Consumer{c: c, eng: eng, stream: cfg.Stream, url: url}, nil
 }
@@ -77,9 +77,13 @@ func (s *Consumer) Stream() string { return s.stream }
 // for a cluster).
 func (s *Consumer) URL() string { return s.url }
 
-// Engine gives the module's replay package the consumer's runtime; its
-// argument's type is internal to idem: no other package can call it.
-func (s *Consumer) Engine(engine.Key) *engine.Engine { return s.eng }
+// Engine gives the module's replay package the consumer's runtime. Only
+// idem's own packages can make its argument (engine.ModuleKey); it panics
+// with any other.
+func (s *Consumer) Engine(k engine.Key) *engine.Engine {
+	k.Check()
+	return s.eng
+}
 
 // Run reads s's stream until ctx is cancelled (see Consumer.Run).
 func Run(ctx context.Context, s *Consumer) error { return s.Run(ctx) }

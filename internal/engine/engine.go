@@ -22,11 +22,11 @@
 //
 //  1. consumer/consumer.go: Consumer.Run hands the queue to its source.
 //  2. internal/queuesource/source.go: Source.Run keeps a broker session;
-//     serve's router takes each delivery off the channel (burst), and
-//     builds its idem.Message.
+//     serve's router takes each delivery off the channel (burst).
 //  3. internal/queuesource/window.go: take puts the delivery in the
 //     session's window of unsettled deliveries: the acker will ack it, the
-//     gate counts its bytes.
+//     gate counts its bytes. Back in burst, each delivery becomes its
+//     idem.Message.
 //  4. internal/engine/engine.go: PrepareAll derives each message's identity
 //     (hash, id, business key) or its rejection, and wraps it in an Item.
 //     Back in source.go, route hands it to a worker (by ordering key), the
@@ -379,9 +379,22 @@ func (l *Lag) Value() (int64, bool) {
 }
 
 // Key is what consumer.Consumer.Engine asks for. Only the module's own
-// packages (consumer/stream, replay) can name it, so only they can reach a
-// consumer's engine: there is no global seam between the packages.
-type Key struct{ _ [0]func() }
+// packages (consumer/stream, replay) can call ModuleKey, so only they can
+// reach a consumer's engine: there is no global seam between the packages.
+// Another module can only make the zero Key (a generic function's zero
+// value), which Check refuses.
+type Key struct{ valid bool }
+
+// ModuleKey returns the Key that opens a consumer's engine.
+func ModuleKey() Key { return Key{valid: true} }
+
+// Check panics unless k came from ModuleKey: a program outside idem reached
+// for an engine it must not drive.
+func (k Key) Check() {
+	if !k.valid {
+		panic("idem: a consumer's engine is for idem's own packages")
+	}
+}
 
 // SetHandler sets the handler that runs one message. Call it before the
 // engine runs a batch.

@@ -365,3 +365,10 @@ func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
 	}
 	require.Equal(t, 3, seen[len(seen)-1], "attempts: %v", seen)
 }
+
+// Only ModuleKey opens an engine: the zero Key, which a program outside
+// idem can make with a generic function, is refused.
+func TestOnlyTheModuleKeyOpensAnEngine(t *testing.T) {
+	require.Panics(t, func() { Key{}.Check() })
+	require.NotPanics(t, func() { ModuleKey().Check() })
+}

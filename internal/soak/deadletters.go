@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/amqpnodes"
+	"github.com/idemkit/idem/deadletters"
 )
 
 // checkDeadLetters checks that every expected dead letter is in the
@@ -110,7 +111,7 @@ func (h *harness) readDLQ(ctx context.Context, queue string) (out []deadLetter, 
 		if !ok {
 			return out, limited, nil
 		}
-		reason, _ := d.Headers["x-idem-reason"].(string)
+		reason, _ := d.Headers[deadletters.HeaderReason].(string)
 		if reason == "" {
 			reason = "no x-idem-reason (dead-lettered by the broker?)"
 		}
