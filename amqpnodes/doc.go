@@ -27,4 +27,16 @@
 // cluster, so the caller should stop rather than retry. A caller that
 // dials again after a failure runs its backoff between rounds of the whole
 // list, as a consumer does between sessions.
+//
+// # Publishing
+//
+// Publisher publishes persistent, mandatory messages with publisher
+// confirms, and its Flush returns once the broker stored every one. A
+// quorum queue nacks publishes while it elects a leader, and on RabbitMQ
+// 3.10 a connection that saw the election may go on being nacked after it:
+// Flush publishes a nacked message again through a new connection, with a
+// bounded backoff (MaxRepublish). A message returned as unroutable is an
+// error (ErrNotStored). Give every message a stable MessageId: a nacked
+// message may still have been stored, and idem's consumers deduplicate on
+// the id.
 package amqpnodes

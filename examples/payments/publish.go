@@ -14,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/partitions"
 )
 
@@ -80,54 +81,24 @@ func publish(ctx context.Context, cfg publishConfig) (published, error) {
 	var run [4]byte
 	_, _ = rand.Read(run[:])
 	res := published{prefix: "pay-" + hex.EncodeToString(run[:]), deadLetters: map[string]int{}}
-	conn, err := dialBroker(ctx, cfg.amqpURL)
+	urls, err := amqpnodes.Split(cfg.amqpURL)
 	if err != nil {
 		return res, err
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	pub, err := amqpnodes.NewPublisher(ctx, urls)
 	if err != nil {
-		return res, err
+		return res, fmt.Errorf("connect to rabbitmq: %w", err)
 	}
-	if err := ch.Confirm(false); err != nil {
-		return res, err
-	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
-	var pending []*amqp.DeferredConfirmation
-	flush := func() error {
-		for _, dc := range pending {
-			ok, err := dc.WaitContext(ctx)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return errors.New("the broker refused a message")
-			}
-		}
-		pending = pending[:0]
-		select {
-		case r := <-returns:
-			return fmt.Errorf("message %s was unroutable (%s): is queue %s declared? start the worker first", r.MessageId, r.ReplyText, cfg.queue)
-		default:
-			return nil
-		}
-	}
+	defer pub.Close()
 	send := func(m amqp.Publishing) error {
-		m.ContentType, m.DeliveryMode, m.Timestamp = "application/json", amqp.Persistent, time.Now()
+		m.ContentType, m.Timestamp = "application/json", time.Now()
 		key := m.CorrelationId
 		if key == "" {
 			key = m.MessageId
 		}
-		dc, err := partitions.Publish(ctx, ch, cfg.queue, cfg.partitions, key, m)
-		if err != nil {
-			return fmt.Errorf("publish %s: %w", m.MessageId, err)
-		}
+		exchange, routingKey := partitions.Route(cfg.queue, cfg.partitions, key)
 		res.messages++
-		pending = append(pending, dc)
-		if len(pending) >= 500 {
-			return flush()
-		}
-		return nil
+		return pub.Publish(ctx, exchange, routingKey, m)
 	}
 	currencies := []string{"EUR", "USD", "GBP"}
 	for i := range cfg.n {
@@ -168,7 +139,13 @@ func publish(ctx context.Context, cfg publishConfig) (published, error) {
 		res.deadLetters[reasonInvalidEnvelope] += 4
 		res.deadLetters["payload_conflict"]++
 	}
-	return res, flush()
+	if err := pub.Flush(ctx); err != nil {
+		if errors.Is(err, amqpnodes.ErrNotStored) {
+			return res, fmt.Errorf("%w: is queue %s declared? start the worker first", err, cfg.queue)
+		}
+		return res, err
+	}
+	return res, nil
 }
 
 func ptr[T any](v T) *T { return &v }
