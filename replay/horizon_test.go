@@ -11,21 +11,22 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/streamio"
-	"github.com/idemkit/idem/retention"
 )
 
-// forget makes retention delete the live consumer's inbox rows first seen
-// below offset n, as if every copy of them had come 40 days ago, and
-// returns how many it deleted.
+// forget makes retention (the inbox's Cleanup, which `idem cleanup` runs)
+// delete the live consumer's inbox rows first seen below offset n, as if
+// every copy of them had come 40 days ago, and returns how many it deleted.
 func (e *env) forget(n int64) int64 {
 	e.t.Helper()
 	_, err := e.pool.Exec(context.Background(), "UPDATE "+e.tables.Table("inbox")+
 		` SET received_at = now() - interval '40 days', seen_at = CASE WHEN seen_at IS NOT NULL THEN now() - interval '40 days' END
 		WHERE consumer = 'test' AND stream_offset < $1`, n)
 	require.NoError(e.t, err)
-	res, err := retention.Clean(context.Background(), retention.Config{Pool: e.pool, Tables: e.tables, OlderThan: 30 * 24 * time.Hour})
+	ib, err := inbox.New(inbox.Config{Tables: e.tables})
 	require.NoError(e.t, err)
-	return res.Deleted("inbox")
+	res, err := ib.Cleanup(context.Background(), e.pool, inbox.CleanupOptions{OlderThan: 30 * 24 * time.Hour})
+	require.NoError(e.t, err)
+	return res.Deleted
 }
 
 func TestNormalReplayRefusesToStartBelowTheInboxHorizon(t *testing.T) {

@@ -3,22 +3,21 @@ package retention
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/inbox/httpinbox"
+	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/replay"
 )
 
 // Count is how many rows a cleanup deleted from one table.
 type Count struct {
 	// Table is the table's name without schema and prefix: "inbox",
 	// "ledger", "ledger_audit", "dead_letters", "replay_runs",
-	// "replay_audit", "checkpoints" or "http_keys".
+	// "replay_audit", "checkpoints", "attempts" or "http_keys".
 	Table string
 	// Deleted is how many rows were deleted.
 	Deleted int64
@@ -80,6 +79,7 @@ const cutoffSQL = `SELECT now() - $1::bigint * interval '1 microsecond'`
 //   - replay_runs, replay_audit and checkpoints: runs finished (or
 //     abandoned) before the cutoff, with their audit rows and their progress
 //     checkpoints. Running (or interrupted, resumable) runs are kept;
+//   - attempts: failure counts last updated before the cutoff;
 //   - http_keys: HTTP idempotency keys past their own expiry
 //     (httpinbox.Config.Expiry), whatever the cutoff; an unknown outcome
 //     stays until an operator resolves it.
@@ -133,112 +133,39 @@ func cleanHTTPKeys(ctx context.Context, cfg Config, res *Result) error {
 	return nil
 }
 
-// cleanTables runs the chunked statements of the other tables.
+// cleanTables has each of the other tables' owners delete what aged past
+// the cutoff, chunk by chunk, in this order: the ledger's settled effects,
+// dead-letter rows, finished replay runs, attempt counts. Every table idem
+// owns is cleaned here or by Clean's other steps, except the live
+// consumers' checkpoints, the inbox horizons and the migrations table,
+// which do not grow with traffic; a new table that grows with traffic gets
+// a delete function in the package that owns it, called from here.
 func cleanTables(ctx context.Context, cfg Config, res *Result) error {
-	for _, s := range steps(cfg.Tables) {
-		for _, t := range s.tables {
-			res.add(t, 0)
-		}
-		if err := runStep(ctx, cfg.Pool, s, res, cfg.ChunkSize); err != nil {
-			return err
-		}
+	for _, t := range []string{"ledger", "ledger_audit", "dead_letters", "replay_runs", "replay_audit", "checkpoints", "attempts"} {
+		res.add(t, 0)
+	}
+	effects, audits, err := ledger.DeleteSettled(ctx, cfg.Pool, cfg.Tables, res.Cutoff, cfg.ChunkSize)
+	res.add("ledger", effects)
+	res.add("ledger_audit", audits)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
+	}
+	n, err := deadletters.DeleteBefore(ctx, cfg.Pool, cfg.Tables, res.Cutoff, cfg.ChunkSize)
+	res.add("dead_letters", n)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
+	}
+	runs, audits, checkpoints, err := replay.DeleteFinishedRuns(ctx, cfg.Pool, cfg.Tables, res.Cutoff, cfg.ChunkSize)
+	res.add("replay_runs", runs)
+	res.add("replay_audit", audits)
+	res.add("checkpoints", checkpoints)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
+	}
+	n, err = engine.DeleteAttemptsBefore(ctx, cfg.Pool, cfg.Tables, res.Cutoff, cfg.ChunkSize)
+	res.add("attempts", n)
+	if err != nil {
+		return fmt.Errorf("retention: %w", err)
 	}
 	return nil
-}
-
-// runStep runs s chunk after chunk until a chunk deletes fewer rows from
-// its first table than the chunk size.
-func runStep(ctx context.Context, pool *pgxpool.Pool, s step, res *Result, chunk int) error {
-	counts := make([]int64, len(s.tables))
-	dest := make([]any, len(counts))
-	for i := range counts {
-		dest[i] = &counts[i]
-	}
-	for {
-		if err := pool.QueryRow(ctx, s.sql, res.Cutoff, chunk).Scan(dest...); err != nil {
-			return fmt.Errorf("retention: %s: %w", s.tables[0], err)
-		}
-		for i, t := range s.tables {
-			res.add(t, counts[i])
-		}
-		if counts[0] < int64(chunk) {
-			return nil
-		}
-	}
-}
-
-// step is one chunked statement: $1 is the cutoff, $2 the chunk size; it
-// returns one count per table, the first table's count deciding whether
-// another chunk is due.
-type step struct {
-	tables []string
-	sql    string
-}
-
-// The statements pick their rows with FOR UPDATE SKIP LOCKED, so they never
-// wait on a transaction that holds one (a dispatcher writing an outcome, an
-// operator resolving an effect, a replay finishing its run).
-const (
-	ledgerSQL = `WITH doomed AS (
-	SELECT effect_id FROM {ledger} AS l
-	WHERE status IN ('succeeded', 'failed_terminal', 'suppressed')
-		AND coalesce(completed_at, created_at) < $1
-		AND (status <> 'failed_terminal' OR (SELECT a.to_status FROM {ledger_audit} AS a
-			WHERE a.effect_id = l.effect_id ORDER BY a.resolved_at DESC, a.id DESC LIMIT 1) = 'failed_terminal')
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED
-), gone AS (
-	DELETE FROM {ledger} AS l USING doomed WHERE l.effect_id = doomed.effect_id RETURNING l.effect_id
-), audit AS (
-	DELETE FROM {ledger_audit} AS a USING gone WHERE a.effect_id = gone.effect_id RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit)`
-
-	// ageSQL deletes one chunk of rows of table %[1]s whose time column
-	// %[2]s is before the cutoff.
-	ageSQL = `WITH gone AS (
-	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM %[1]s WHERE %[2]s < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
-	RETURNING 1
-)
-SELECT count(*) FROM gone`
-
-	replayRunsSQL = `WITH doomed AS (
-	SELECT run_id FROM {replay_runs} WHERE status IN ('finished', 'abandoned') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED
-), gone AS (
-	DELETE FROM {replay_runs} AS r USING doomed WHERE r.run_id = doomed.run_id RETURNING r.run_id, r.consumer
-), audit AS (
-	DELETE FROM {replay_audit} AS a USING gone WHERE a.run_id = gone.run_id RETURNING 1
-), progress AS (
-	DELETE FROM {checkpoints} AS c USING gone WHERE c.consumer = gone.consumer || '@replay:' || gone.run_id RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit), (SELECT count(*) FROM progress)`
-)
-
-// steps returns the chunked statements for t, in the order Clean runs them.
-//
-// Every table idem owns is cleaned here or by Clean's other steps, except
-// the live consumers' checkpoints, the inbox horizons and the migrations
-// table, which do not grow with traffic. A new table that grows with
-// traffic gets a step here; one whose rows only age is one line:
-// ageStep(t, table, time column).
-func steps(t idem.Tables) []step {
-	names := []string{"ledger", "ledger_audit", "replay_runs", "replay_audit", "checkpoints"}
-	pairs := make([]string, 0, 2*len(names))
-	for _, n := range names {
-		pairs = append(pairs, "{"+n+"}", t.Table(n))
-	}
-	r := strings.NewReplacer(pairs...)
-	return []step{
-		{tables: []string{"ledger", "ledger_audit"}, sql: r.Replace(ledgerSQL)},
-		ageStep(t, "dead_letters", "dead_lettered_at"),
-		{tables: []string{"replay_runs", "replay_audit", "checkpoints"}, sql: r.Replace(replayRunsSQL)},
-		ageStep(t, "attempts", "updated_at"),
-	}
-}
-
-// ageStep deletes the rows of table whose column (a timestamptz) is before
-// the cutoff.
-func ageStep(t idem.Tables, table, column string) step {
-	return step{tables: []string{table}, sql: fmt.Sprintf(ageSQL, t.Table(table), pgx.Identifier{column}.Sanitize())}
 }

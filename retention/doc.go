@@ -5,7 +5,12 @@
 // # What is cleaned
 //
 // Clean walks every table idem owns, each in chunks of Config.ChunkSize
-// rows, every chunk a single statement in its own short transaction:
+// rows, every chunk a single statement in its own short transaction. The
+// package that owns a table writes its statement (inbox.Inbox.Cleanup,
+// ledger.DeleteSettled, deadletters.DeleteBefore, replay.DeleteFinishedRuns,
+// httpinbox.CleanupExpired, and the engine's for the attempts table);
+// retention decides the cutoff, refuses one below the floor, and calls
+// them:
 //
 //   - inbox: rows received before the cutoff (now() - Config.OlderThan);
 //   - ledger and ledger_audit: effects settled before the cutoff (succeeded,
@@ -16,6 +21,8 @@
 //   - replay_runs, replay_audit and checkpoints: replay runs finished (or
 //     abandoned) before the cutoff, their audit rows and their progress
 //     checkpoints;
+//   - attempts: the failure counts of messages last retried before the
+//     cutoff;
 //   - http_keys: HTTP idempotency keys past their own expiry; an unknown
 //     outcome stays until an operator resolves it.
 //

@@ -3,11 +3,14 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/chunked"
 	"github.com/idemkit/idem/internal/pgplan"
 	"github.com/idemkit/idem/internal/safetext"
 )
@@ -44,6 +47,27 @@ ON CONFLICT (consumer, message_id) DO UPDATE SET crashes = a.crashes + 1, update
 RETURNING failures, crashes, exchange, routing_key`,
 		unmarkStart: `UPDATE ` + at + ` SET crashes = greatest(crashes - 1, 0) WHERE consumer = $1 AND message_id = $2`,
 	}
+}
+
+// deleteAttemptsSQL deletes one chunk of attempts rows last updated before
+// $1: the counts of messages that stopped failing long ago.
+const deleteAttemptsSQL = `WITH gone AS (
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
+	RETURNING 1
+)
+SELECT count(*) FROM gone`
+
+// DeleteAttemptsBefore deletes the attempts rows of tables last updated
+// before cutoff, chunk rows per statement, each its own transaction; it
+// returns how many it deleted (so far, when it fails). The retention
+// package calls it with its cutoff.
+func DeleteAttemptsBefore(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, cutoff time.Time, chunk int) (int64, error) {
+	n, err := chunked.Delete(ctx, pool, fmt.Sprintf(deleteAttemptsSQL, tables.Table("attempts")), cutoff, chunk, 1)
+	if err != nil {
+		return n[0], fmt.Errorf("engine: delete attempts before %s: %w", cutoff.Format(time.RFC3339), err)
+	}
+	return n[0], nil
 }
 
 // attemptRow is what the attempts table holds for one message.
