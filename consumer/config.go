@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -362,6 +363,8 @@ func (c *Config) validate() error {
 		return configError("Partitions needs a Queue")
 	case c.Partitions > 0 && c.QueueType != "quorum":
 		return configError("Partitions needs quorum queues (QueueType %q): a partition must outlive any one node, and its single active consumer is the fence", c.QueueType)
+	case c.Queue == "" && len(c.QueueOnly()) > 0:
+		return configError("%s only configure a queue consumer, and Queue is not set", strings.Join(c.QueueOnly(), ", "))
 	case c.Partitions > 0 && c.RetryQueue != c.Queue+".retry":
 		return configError("RetryQueue cannot be set with Partitions: each partition has its own (Queue.pI.retry)")
 	case c.Queue != "" && c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:

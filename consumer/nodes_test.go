@@ -181,3 +181,16 @@ func (e *env) retryArgs() amqp.Table {
 		"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
 	}
 }
+
+// A field only a queue consumer reads, set on a consumer without a Queue
+// (one for a stream, or for Process), is a mistake New refuses, naming it,
+// rather than a setting that silently does nothing.
+func TestNewRefusesQueueOnlyFieldsWithoutAQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cfg := e.config()
+	cfg.Queue, cfg.OrderingKey, cfg.Prefetch = "", func(m *Message) string { return m.ID }, 10
+	_, err := New(cfg)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "OrderingKey, Prefetch")
+}
