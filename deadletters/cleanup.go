@@ -11,14 +11,6 @@ import (
 	"github.com/idemkit/idem/internal/chunked"
 )
 
-// deleteBeforeSQL deletes one chunk of dead-letter rows written before $1.
-const deleteBeforeSQL = `WITH gone AS (
-	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM %[1]s WHERE dead_lettered_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
-	RETURNING 1
-)
-SELECT count(*) FROM gone`
-
 // DeleteBefore deletes the dead-letter rows of tables written before
 // cutoff, chunk rows per statement, each its own transaction, skipping rows
 // a transaction holds locked; it returns how many it deleted (so far, when
@@ -28,7 +20,7 @@ func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, c
 	if err := tables.Validate(); err != nil {
 		return 0, fmt.Errorf("deadletters: %w", err)
 	}
-	n, err := chunked.Delete(ctx, pool, fmt.Sprintf(deleteBeforeSQL, tables.Table("dead_letters")), cutoff, chunk, 1)
+	n, err := chunked.Delete(ctx, pool, chunked.OlderThan(tables.Table("dead_letters"), "dead_lettered_at"), cutoff, chunk, 1)
 	if err != nil {
 		return n[0], fmt.Errorf("deadletters: delete rows before %s: %w", cutoff.Format(time.RFC3339), err)
 	}

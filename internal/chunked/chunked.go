@@ -9,8 +9,21 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
+
+// OlderThan returns the chunk statement for Delete that deletes the rows of
+// table (quoted and qualified) whose timestamptz column is before the
+// cutoff, skipping rows a transaction holds locked.
+func OlderThan(table, column string) string {
+	return fmt.Sprintf(`WITH gone AS (
+	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
+		SELECT ctid FROM %[1]s WHERE %[2]s < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
+	RETURNING 1
+)
+SELECT count(*) FROM gone`, table, pgx.Identifier{column}.Sanitize())
+}
 
 // Delete runs sql, with $1 the cutoff and $2 the chunk size, until a chunk
 // deletes fewer than chunk rows from its first table. sql returns one

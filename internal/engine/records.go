@@ -49,21 +49,12 @@ RETURNING failures, crashes, exchange, routing_key`,
 	}
 }
 
-// deleteAttemptsSQL deletes one chunk of attempts rows last updated before
-// $1: the counts of messages that stopped failing long ago.
-const deleteAttemptsSQL = `WITH gone AS (
-	DELETE FROM %[1]s WHERE ctid = ANY (ARRAY(
-		SELECT ctid FROM %[1]s WHERE updated_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED))
-	RETURNING 1
-)
-SELECT count(*) FROM gone`
-
 // DeleteAttemptsBefore deletes the attempts rows of tables last updated
 // before cutoff, chunk rows per statement, each its own transaction; it
 // returns how many it deleted (so far, when it fails). The retention
 // package calls it with its cutoff.
 func DeleteAttemptsBefore(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, cutoff time.Time, chunk int) (int64, error) {
-	n, err := chunked.Delete(ctx, pool, fmt.Sprintf(deleteAttemptsSQL, tables.Table("attempts")), cutoff, chunk, 1)
+	n, err := chunked.Delete(ctx, pool, chunked.OlderThan(tables.Table("attempts"), "updated_at"), cutoff, chunk, 1)
 	if err != nil {
 		return n[0], fmt.Errorf("engine: delete attempts before %s: %w", cutoff.Format(time.RFC3339), err)
 	}
