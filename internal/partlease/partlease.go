@@ -8,7 +8,9 @@
 // exclusive advisory lock of i. Every Interval it counts the members and
 // keeps its share: at most ceil(N/members) partitions. Above it, it lets
 // partitions go (stopping their consumption first, then unlocking); below
-// it, it takes free ones. A process that dies, or whose session dies, drops
+// it, it takes free ones. A process that dies, or whose session dies (the
+// server ends one whose host is lost or whose process is frozen: see
+// sessionKeepalive and endWhenIdle), drops
 // all its locks at once, and the others take its partitions at their next
 // turn; a process that joins makes the others let partitions go, which it
 // then takes. So with 3 processes and 8 partitions each holds 2 or 3.
@@ -32,6 +34,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/retry"
@@ -323,8 +326,36 @@ func (l *Lease) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
+	if err := l.endWhenIdle(cctx, conn); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, err
+	}
 	return conn, nil
 }
+
+// endWhenIdle has the server end the session once it has been idle for
+// idleLimit intervals (idle_session_timeout, PostgreSQL 14 and later; an
+// older server has no such setting, and keeps a frozen process's session).
+// A live session runs a statement every Interval; one whose process is
+// frozen (SIGSTOP, a VM paused) sends nothing, and its locks would hold its
+// partitions for as long as it stays frozen, since the kernel still answers
+// the keepalive probes.
+func (l *Lease) endWhenIdle(ctx context.Context, conn *pgx.Conn) error {
+	limit := max(idleLimit*l.cfg.Interval, l.cfg.Timeout+l.cfg.Interval)
+	_, err := conn.Exec(ctx, `SELECT set_config('idle_session_timeout', $1, false)`, fmt.Sprint(limit.Milliseconds()))
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42704" { // undefined_object: before PostgreSQL 14
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("set idle_session_timeout: %w", err)
+	}
+	return nil
+}
+
+// idleLimit is how many Intervals a lease session may stay idle before the
+// server ends it.
+const idleLimit = 10
 
 func (l *Lease) exec(ctx context.Context, conn *pgx.Conn, sql string, args ...any) error {
 	qctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)

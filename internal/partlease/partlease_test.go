@@ -215,3 +215,33 @@ func TestTheLeaseSessionIsProbedByTheServerUnlessConfiguredOtherwise(t *testing.
 	}
 	require.Equal(t, map[string]string{"tcp_keepalives_idle": "3", "tcp_keepalives_interval": "1", "tcp_keepalives_count": "5"}, got)
 }
+
+// A process frozen with its partitions (SIGSTOP, a paused VM) sends no
+// statement: the server ends its idle session after ten intervals, and
+// with it the locks, so that the others take its partitions. (The kernel
+// of a frozen process still answers keepalives.)
+func TestTheServerEndsTheSessionOfAFrozenProcess(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	l, err := New(Config{Key: testdb.Name(t, "lease"), Partitions: 1, Conn: pool.Config().ConnConfig,
+		Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond})
+	require.NoError(t, err)
+	ctx := context.Background()
+	conn, err := l.connect(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var limit string
+	require.NoError(t, conn.QueryRow(ctx, `SHOW idle_session_timeout`).Scan(&limit))
+	require.Equal(t, "1s", limit, "ten intervals")
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, l.keys[0])
+	require.NoError(t, err)
+	pid := conn.PgConn().PID()
+
+	// Frozen: the session runs nothing more.
+	took := waitFor(t, 10*time.Second, "the frozen session's lock released", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, pid).Scan(&n)
+		return err == nil && n == 0
+	})
+	t.Logf("the server ended the frozen session %s after its last statement", took.Round(time.Millisecond))
+}
