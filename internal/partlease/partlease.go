@@ -10,9 +10,8 @@
 // partitions go (stopping their consumption first, then unlocking); below
 // it, it takes free ones. A process that dies, or whose session dies (the
 // server ends one whose host is lost or whose process is frozen: see
-// sessionKeepalive and endWhenIdle), drops
-// all its locks at once, and the others take its partitions at their next
-// turn; a process that joins makes the others let partitions go, which it
+// sessionKeepalive and endWhenIdle), drops all its locks at once, and the
+// others take its partitions at their next turn; a process that joins makes the others let partitions go, which it
 // then takes. So with 3 processes and 8 partitions each holds 2 or 3.
 //
 // The locks decide who consumes; they do not make two consumers of one
