@@ -120,10 +120,10 @@ func TestReadCarriesMessageProperties(t *testing.T) {
 	r := got[0]
 	require.Equal(t, int64(0), r.Offset)
 	require.Equal(t, "order-1", r.MessageID)
-	require.Equal(t, Properties{ContentType: "application/json", CorrelationID: "corr-1"}, r.Properties)
+	require.Equal(t, []string{"application/json", "corr-1"}, []string{r.ContentType, r.CorrelationID})
 	require.True(t, created.Equal(r.Timestamp), "timestamp %s", r.Timestamp)
-	require.Equal(t, "acme", r.ApplicationProperties["tenant"])
-	require.EqualValues(t, 2, r.ApplicationProperties["attempt"])
+	require.Equal(t, "acme", r.Headers["tenant"])
+	require.EqualValues(t, 2, r.Headers["attempt"])
 	require.Equal(t, out.Body, r.Body)
 }
 

@@ -2,49 +2,29 @@ package streamio
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 )
 
-// Record is one message read from a stream.
-type Record struct {
-	// Offset is the record's position in the stream.
-	Offset int64
-	// Timestamp is the message's AMQP 1.0 creation-time property (Publish
-	// sets it), zero when the publisher did not set one. The Go stream
-	// client drops the chunk timestamp, so there is nothing better.
-	Timestamp time.Time
-	// MessageID is the AMQP 1.0 message-id, formatted with %v when it is not
-	// a string; empty when absent.
-	MessageID string
-	// Properties are the AMQP 1.0 properties idem uses.
-	Properties Properties
-	// ApplicationProperties are the message's application properties, nil
-	// when absent.
-	ApplicationProperties map[string]any
-	// Body is the message's data sections concatenated (usually one), or its
-	// amqp-value when that is a string or []byte.
-	Body []byte
-}
-
-// Properties are the AMQP 1.0 message properties carried by a Record besides
-// the message id and creation time.
-type Properties struct {
-	// ContentType is the body's MIME type.
-	ContentType string
-	// CorrelationID is the correlation-id, formatted with %v when it is not a
-	// string.
-	CorrelationID string
-}
+// Record is one message read from a stream, as the idem message it
+// becomes: its MessageID (the AMQP 1.0 message-id, formatted with %v when
+// it is not a string), Body (the data sections concatenated, or an
+// amqp-value that is a string or []byte), Headers (the application
+// properties), ContentType, CorrelationID, Offset (HasOffset), and
+// Timestamp (the creation-time property Publish sets; the Go stream client
+// drops the chunk timestamp, so there is nothing better) are set. Messages
+// completes it for a batch.
+type Record = idem.Message
 
 func toRecord(offset int64, m *amqp.Message) Record {
-	r := Record{Offset: offset, ApplicationProperties: m.ApplicationProperties}
+	r := Record{Offset: offset, HasOffset: true, Headers: m.ApplicationProperties}
 	if p := m.Properties; p != nil {
 		r.MessageID = idString(p.MessageID)
-		r.Properties.CorrelationID = idString(p.CorrelationID)
-		r.Properties.ContentType = p.ContentType
+		r.CorrelationID = idString(p.CorrelationID)
+		r.ContentType = p.ContentType
 		r.Timestamp = p.CreationTime
 	}
 	switch len(m.Data) {
@@ -78,17 +58,13 @@ func idString(id any) string {
 	}
 }
 
-// Messages turns records of stream into idem messages, each received at
-// received.
+// Messages returns the records of stream, received at received, as the
+// messages of a batch: a copy (the reader reuses its buffers), each with
+// its Source and ReceivedAt, first attempt.
 func Messages(stream string, recs []Record, received time.Time) []idem.Message {
-	msgs := make([]idem.Message, len(recs))
-	for i, r := range recs {
-		msgs[i] = idem.Message{
-			MessageID: r.MessageID, Body: r.Body, Headers: r.ApplicationProperties,
-			ContentType: r.Properties.ContentType, CorrelationID: r.Properties.CorrelationID,
-			Source: stream, Offset: r.Offset, HasOffset: true, Timestamp: r.Timestamp, Attempt: 1,
-			ReceivedAt: received,
-		}
+	msgs := slices.Clone(recs)
+	for i := range msgs {
+		msgs[i].Source, msgs[i].ReceivedAt, msgs[i].Attempt = stream, received, 1
 	}
 	return msgs
 }

@@ -149,9 +149,8 @@ func TestToRecordReadsAMQPFields(t *testing.T) {
 	}
 	r := toRecord(7, m)
 	require.Equal(t, Record{
-		Offset: 7, Timestamp: created, MessageID: "42",
-		Properties:            Properties{ContentType: "text/plain", CorrelationID: "c"},
-		ApplicationProperties: map[string]any{"k": "v"}, Body: []byte("abcd"),
+		Offset: 7, HasOffset: true, Timestamp: created, MessageID: "42", ContentType: "text/plain", CorrelationID: "c",
+		Headers: map[string]any{"k": "v"}, Body: []byte("abcd"),
 	}, r)
 
 	require.Equal(t, []byte("v"), toRecord(0, &amqp.Message{Value: "v"}).Body)
