@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idem/inbox/httpinbox"
 )
@@ -18,21 +17,7 @@ func TestGaugesReportTheOldestKeyInProgressAndTheOldestUnknown(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	f := newFixture(t, httpinbox.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-	gauges := func() map[string]float64 {
-		var rm metricdata.ResourceMetrics
-		require.NoError(t, reader.Collect(context.Background(), &rm))
-		out := map[string]float64{}
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if g, ok := m.Data.(metricdata.Gauge[float64]); ok {
-					for _, dp := range g.DataPoints {
-						out[m.Name] = dp.Value
-					}
-				}
-			}
-		}
-		return out
-	}
+	gauges := func() map[string]float64 { return gaugeValues(t, reader) }
 	require.Equal(t, map[string]float64{
 		"idem.http_keys.oldest_in_progress_age":       0,
 		"idem.http_keys.oldest_unknown_age":           0,
