@@ -16,9 +16,11 @@ import (
 // is lost (its node was killed), it dials the nodes again and publishes once
 // more every message it has not seen confirmed: one the broker had stored
 // before the loss then comes twice, a duplicate the workers must absorb
-// like any other. A message the broker refuses on a live connection is
-// published again too; after maxSends publishes of one message, it gives
-// up.
+// like any other. A message the broker refuses (nacks) on a live
+// connection is published again the same way, on a new connection after a
+// pause: on RabbitMQ 3.10 a connection that saw a quorum queue's election
+// may go on being refused, where a new one is not. After maxSends
+// publishes of one message, it gives up.
 type sender struct {
 	urls []string
 	name string // the connection's connection_name
@@ -146,19 +148,24 @@ func (s *sender) flush(ctx context.Context) ([]int, error) {
 	return done, nil
 }
 
-// resend publishes again the first pending message, which the broker
-// refused, or, when the connection was lost, every pending message the
-// broker had not confirmed on a new one.
+// resend publishes every pending message the broker has not confirmed
+// again, on a new connection: the first was refused, or the connection was
+// lost.
 func (s *sender) resend(ctx context.Context) error {
+	old, what := s.node, "lost"
 	if !s.ch.IsClosed() {
-		return s.send(ctx, &s.pending[0])
+		what = "refused " + s.pending[0].msg.MessageId
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(redialPause):
+		}
 	}
-	lost := s.node
 	if err := s.dial(ctx); err != nil {
 		return err
 	}
-	s.logf("%s: connection to %s lost; on %s now, publishing its %d unconfirmed messages again",
-		s.name, amqpnodes.Redact(lost), amqpnodes.Redact(s.node), len(s.pending))
+	s.logf("%s: connection to %s %s; on %s now, publishing its %d unconfirmed messages again",
+		s.name, amqpnodes.Redact(old), what, amqpnodes.Redact(s.node), len(s.pending))
 	for j := range s.pending {
 		if p := &s.pending[j]; p.dc != nil && p.dc.Acked() {
 			continue // confirmed before the loss, behind one that was not
