@@ -102,17 +102,27 @@ func (s *sender) publish(ctx context.Context, i int, queue string, msg amqp.Publ
 }
 
 // send publishes p, once more. A lost connection is no error: p is left
-// without a confirmation, and flush publishes it again on the next one.
+// without a confirmation, and flush publishes it again on the next one. A
+// write that fails (its node was killed: the client may not have marked
+// the channel closed yet) loses the connection too.
 func (s *sender) send(ctx context.Context, p *sending) error {
 	if p.sends == maxSends {
 		return fmt.Errorf("%s: message %s not confirmed after %d publishes", s.name, p.msg.MessageId, maxSends)
 	}
+	p.dc = nil
+	if s.conn == nil {
+		return nil // lost: flush publishes it on the next connection
+	}
 	p.sends++
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, "", p.queue, true, false, p.msg)
-	if err != nil && (ctx.Err() != nil || !s.ch.IsClosed()) {
+	switch {
+	case err != nil && ctx.Err() != nil:
 		return fmt.Errorf("%s: publish %s: %w", s.name, p.msg.MessageId, err)
+	case err != nil:
+		s.close()
+	default:
+		p.dc = dc
 	}
-	p.dc = dc
 	return nil
 }
 
@@ -153,7 +163,7 @@ func (s *sender) flush(ctx context.Context) ([]int, error) {
 // lost.
 func (s *sender) resend(ctx context.Context) error {
 	old, what := s.node, "lost"
-	if !s.ch.IsClosed() {
+	if s.conn != nil && !s.ch.IsClosed() {
 		what = "refused " + s.pending[0].msg.MessageId
 		select {
 		case <-ctx.Done():
