@@ -148,7 +148,7 @@ func (c *Consumer) Process(ctx context.Context, msgs []Message) ([]Result, error
 		return nil, configError("no handler: call Handle before Process")
 	}
 	items := c.eng.PrepareAll(msgs)
-	res, err := c.eng.RunWithoutRetries(ctx, items, engine.Policy{})
+	res, err := c.eng.RunWithoutRetries(ctx, items)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: process: %w", err)
 	}

@@ -18,10 +18,9 @@ import (
 
 // segment says how a run of consecutive messages is processed.
 type segment struct {
-	// mode goes into the handlers' context (idem.WithMode).
-	mode idem.Mode
-	// opts are the batch options, BeforeCommit and MessageContext aside.
-	policy engine.Policy
+	// policy is the batches' policy, hooks aside; its Mode also goes into
+	// the handlers' context (idem.WithMode).
+	policy engine.Ordered
 	// scopes are the checkpoints advanced in each batch's transaction.
 	scopes []string
 	// audit writes a repair audit row per settled, selected message.
@@ -34,7 +33,7 @@ type segment struct {
 // rebuild, one up to the live checkpoint and one for the catch-up after it.
 func (r *runner) segments() (main, catchUp *segment) {
 	if r.o.Mode == idem.Forensic {
-		return &segment{mode: idem.Forensic, policy: engine.Policy{Inbox: engine.Look}}, nil
+		return &segment{policy: engine.Ordered{Mode: idem.Forensic}}, nil
 	}
 	own := runScope(r.cfg.Name, r.row.id)
 	switch r.o.Mode {
@@ -44,15 +43,12 @@ func (r *runner) segments() (main, catchUp *segment) {
 		// covers them, and the resumed run redoes them; effects are
 		// suppressed. The catch-up segment acts for the live consumer and
 		// commits synchronously.
-		return &segment{mode: idem.Rebuild, policy: engine.Policy{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true},
-				scopes: []string{own}},
-			&segment{mode: idem.Normal, scopes: []string{own, r.cfg.Name}, catchUp: true}
+		return &segment{policy: engine.Ordered{Mode: idem.Rebuild, Scope: rebuildScope(r.cfg.Name, r.row.id)}, scopes: []string{own}},
+			&segment{policy: engine.Ordered{Mode: idem.Normal}, scopes: []string{own, r.cfg.Name}, catchUp: true}
 	case idem.Repair:
-		match := r.o.Select.matcher()
-		only := func(it *engine.Item) bool { return match(it.Message) }
-		return &segment{mode: idem.Repair, policy: engine.Policy{Select: only, Inbox: engine.Rerun}, scopes: []string{own}, audit: true}, nil
+		return &segment{policy: engine.Ordered{Mode: idem.Repair, Select: r.o.Select.matcher()}, scopes: []string{own}, audit: true}, nil
 	default:
-		return &segment{mode: idem.Normal, scopes: []string{own}}, nil
+		return &segment{policy: engine.Ordered{Mode: idem.Normal}, scopes: []string{own}}, nil
 	}
 }
 
@@ -84,10 +80,11 @@ func (r *runner) batch(ctx context.Context, recs []streamio.Record) error {
 // a resumed run (which re-reads from its checkpoint) never applies a message
 // twice, not even a repair's re-run.
 func (r *runner) process(ctx context.Context, seg *segment, items []*engine.Item) error {
-	ctx = idem.WithMode(ctx, seg.mode)
-	o := engine.Ordered{Policy: seg.policy, RetryBaseDelay: r.o.RetryDelay, RetryMaxDelay: 5 * time.Second}
+	o := seg.policy
+	ctx = idem.WithMode(ctx, o.Mode)
+	o.RetryBaseDelay, o.RetryMaxDelay = r.o.RetryDelay, 5*time.Second
 	var captures map[int64]*ledger.Capture
-	if seg.mode == idem.Forensic {
+	if o.Mode == idem.Forensic {
 		captures = make(map[int64]*ledger.Capture, len(items))
 		o.MessageContext = func(ctx context.Context, it *engine.Item) context.Context {
 			ctx, c := ledger.WithCapture(ctx)
@@ -145,7 +142,7 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 	}
 	r.settled.Add(1)
 	r.last.Store(it.Offset)
-	if seg.mode != idem.Forensic {
+	if seg.policy.Mode != idem.Forensic {
 		return nil
 	}
 	forgotten := res.Inbox == inbox.NewMessage && it.Offset <= r.forgotten

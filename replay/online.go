@@ -62,8 +62,8 @@ func (r *runner) runOnline(ctx context.Context) error {
 	r.log = r.log.With("run_id", r.row.id)
 	r.log.Info("online rebuild started", "projection", r.proj.Name(), "tables", r.proj.Tables(),
 		"after", done, "resumed", r.sum.Resumed)
-	r.main = &segment{mode: idem.Rebuild, scopes: []string{runScope(r.cfg.Name, r.row.id)},
-		policy: engine.Policy{Scope: rebuildScope(r.cfg.Name, r.row.id), AsyncCommit: true}}
+	r.main = &segment{policy: engine.Ordered{Mode: idem.Rebuild, Scope: rebuildScope(r.cfg.Name, r.row.id)},
+		scopes: []string{runScope(r.cfg.Name, r.row.id)}}
 	if err := r.build(shadow.With(ctx, r.proj.Name()), done); err != nil {
 		return r.resumable(ctx, err)
 	}

@@ -134,7 +134,7 @@ type Selection struct {
 // empty reports whether s selects nothing.
 func (s Selection) empty() bool { return len(s.Keys) == 0 && len(s.IDs) == 0 }
 
-// matcher returns the predicate of a repair's engine.Policy.Select.
+// matcher returns the predicate of a repair's engine.Ordered.Select.
 func (s Selection) matcher() func(m *consumer.Message) bool {
 	keys := make(map[string]bool, len(s.Keys))
 	for _, k := range s.Keys {

@@ -230,7 +230,7 @@ func (r *reader) follow(ctx, work context.Context, lock *pglock.Lock) error {
 func (r *reader) batch(ctx, work context.Context, recs []streamio.Record) error {
 	items := r.eng.PrepareAll(streamio.Messages(r.stream, recs, time.Now()))
 	err := r.eng.RunOrdered(ctx, work, items, engine.Ordered{
-		Policy:         engine.StreamPolicy(r.gate),
+		Gate:           r.gate,
 		RetryBaseDelay: r.cfg.RetryBaseDelay, RetryMaxDelay: r.cfg.RetryMaxDelay,
 		Checkpoint: func(ctx context.Context, tx pgx.Tx, upTo int64) error {
 			return store.AdvanceCheckpoint(ctx, tx, r.cfg.Tables, r.cfg.Name, r.stream, upTo)

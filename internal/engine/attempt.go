@@ -27,7 +27,7 @@ import (
 // wrote, its spans).
 type batch struct {
 	e        *Engine
-	policy   *Policy
+	rules    *rules
 	plan     *plan
 	scope    string
 	items    []*Item
@@ -57,7 +57,7 @@ type batch struct {
 
 // attempt runs items once, in one transaction, and returns each item's
 // result; an error means nothing is known to have committed.
-func (e *Engine) attempt(ctx context.Context, items []*Item, p *Policy, pl *plan, w *watch) (_ []Result, err error) {
+func (e *Engine) attempt(ctx context.Context, items []*Item, p *rules, pl *plan, w *watch) (_ []Result, err error) {
 	b := e.newBatch(ctx, items, p, pl, w)
 	defer func() { b.end(err) }()
 	if err := b.begin(ctx); err != nil {
@@ -71,7 +71,7 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, p *Policy, pl *plan
 	if err := b.runHandlers(ctx, runnable, decisions); err != nil {
 		return nil, err
 	}
-	if p.Inbox == Look {
+	if p.readOnly() {
 		return b.results, nil // end rolls back
 	}
 	if err := b.commit(ctx); err != nil {
@@ -80,11 +80,11 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, p *Policy, pl *plan
 	return b.results, nil
 }
 
-func (e *Engine) newBatch(ctx context.Context, items []*Item, p *Policy, pl *plan, w *watch) *batch {
-	b := &batch{e: e, policy: p, plan: pl, items: items, watch: w, stopAt: -1, scope: p.scope(e),
+func (e *Engine) newBatch(ctx context.Context, items []*Item, p *rules, pl *plan, w *watch) *batch {
+	b := &batch{e: e, rules: p, plan: pl, items: items, watch: w, stopAt: -1, scope: p.scope,
 		done: make([]bool, len(items)), results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)),
 		spans: make([]trace.Span, len(items)), hctxs: make([]handlerContext, len(items))}
-	if !pl.savepoints && p.Inbox == Claim {
+	if !pl.savepoints && p.inbox == inboxClaim {
 		b.deferred = &idem.Deferred{} // handlers' writes that can wait for the end of the batch
 		ctx = idem.WithDeferred(ctx, b.deferred)
 	}
@@ -93,8 +93,8 @@ func (e *Engine) newBatch(ctx context.Context, items []*Item, p *Policy, pl *pla
 	b.handlerCtx = ctx
 	for i, it := range items {
 		b.ctxs[i], b.spans[i] = e.tel.startSpan(ctx, it, len(items))
-		if p.MessageContext != nil {
-			b.ctxs[i] = p.MessageContext(b.ctxs[i], it)
+		if p.messageContext != nil {
+			b.ctxs[i] = p.messageContext(b.ctxs[i], it)
 		}
 	}
 	e.tel.batchSize.Record(ctx, int64(len(items)), e.tel.baseRecord...)
@@ -144,7 +144,7 @@ func (b *batch) begin(ctx context.Context) error {
 	}
 	b.conn = conn
 	b.watch.hold(conn, b)
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.policy, b.plan)})
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.rules, b.plan)})
 	if err != nil {
 		return &batchError{err: fmt.Errorf("begin: %w", err)}
 	}
@@ -165,10 +165,10 @@ func (b *batch) bounded(ctx context.Context, wait time.Duration) (context.Contex
 const checkInterval = time.Second
 
 // beginSQL is BEGIN with the batch's settings, sent in one round trip.
-func (e *Engine) beginSQL(conn *pgxpool.Conn, p *Policy, pl *plan) string {
+func (e *Engine) beginSQL(conn *pgxpool.Conn, p *rules, pl *plan) string {
 	var sb strings.Builder
 	sb.WriteString("BEGIN")
-	if p.Inbox == Look {
+	if p.readOnly() {
 		sb.WriteString(" READ ONLY")
 	}
 	setMillis := func(name string, d time.Duration) {
@@ -177,18 +177,18 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, p *Policy, pl *plan) string {
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	}
-	if p.Gate != 0 || p.Inbox != Look {
+	if p.gate != 0 || !p.readOnly() {
 		setMillis("lock_timeout", e.cfg.HandlerTimeout)
 	}
-	if p.Gate != 0 {
+	if p.gate != 0 {
 		// The gate first: a batch held at it holds nothing else, so that
 		// the batches the gate's holder runs meanwhile (a swap's catch-up)
 		// are not queued behind it on the batch lock.
 		sb.WriteString("; SELECT pg_advisory_xact_lock_shared(")
-		sb.WriteString(strconv.FormatInt(p.Gate, 10))
+		sb.WriteString(strconv.FormatInt(p.gate, 10))
 		sb.WriteString(")")
 	}
-	if p.Inbox != Look {
+	if !p.readOnly() {
 		// The consumer's batch lock, shared by the batches of every process:
 		// a batch of a process whose batches conflict with other processes'
 		// (see governor) takes it exclusively, and so runs alone, queued
@@ -206,7 +206,7 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, p *Policy, pl *plan) string {
 	if e.serverMajor(conn) >= 14 {
 		setMillis("client_connection_check_interval", checkInterval)
 	}
-	if p.AsyncCommit {
+	if p.asyncCommit {
 		sb.WriteString("; SET LOCAL synchronous_commit = off")
 	}
 	return sb.String()
@@ -236,10 +236,10 @@ func (b *batch) decideFixed() []int {
 			b.results[i] = Result{Outcome: idem.Held}
 		case b.plan.fixed != nil && b.plan.fixed[i].Outcome != 0:
 			b.results[i] = b.plan.fixed[i]
-			if b.policy.InOrder && b.results[i].Outcome == idem.Retried {
+			if b.rules.inOrder && b.results[i].Outcome == idem.Retried {
 				b.stopAt = i
 			}
-		case b.policy.Select != nil && !b.policy.Select(it):
+		case b.rules.selected != nil && !b.rules.selected(it.Message):
 			b.results[i] = Result{Outcome: idem.Skipped} // untouched, even if invalid
 		case it.Reject != nil:
 			b.results[i] = Result{Outcome: idem.DeadLettered, Reason: it.Reject.Reason, Err: it.Reject.Err}
@@ -261,7 +261,7 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 	}
 	ctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
 	defer cancel()
-	if b.policy.RetryQueue && slices.ContainsFunc(runnable, func(i int) bool {
+	if b.rules.retryQueue && slices.ContainsFunc(runnable, func(i int) bool {
 		it := b.items[i]
 		return it.row == nil && (it.Returned || it.Suspect)
 	}) {
@@ -270,7 +270,7 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 		}
 	}
 	order := slices.Clone(runnable)
-	if b.policy.Inbox != Look {
+	if !b.rules.readOnly() {
 		slices.SortStableFunc(order, func(i, j int) int { return strings.Compare(b.items[i].ID, b.items[j].ID) })
 	}
 	claims := make([]inbox.Claim, len(order))
@@ -281,7 +281,7 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 			claims[k].StreamOffset = &m.Offset
 		}
 	}
-	got, err := b.e.decide(ctx, b.tx, claims, b.policy, b.plan)
+	got, err := b.e.decide(ctx, b.tx, claims, b.rules, b.plan)
 	if errors.Is(err, inbox.ErrClaimed) {
 		return nil, errAlreadyClaimed
 	}
@@ -296,9 +296,9 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 }
 
 // decide claims the messages in the inbox, or, read-only, looks them up.
-func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, p *Policy, pl *plan) ([]inbox.Result, error) {
+func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, p *rules, pl *plan) ([]inbox.Result, error) {
 	switch {
-	case p.Inbox == Look:
+	case p.readOnly():
 		return e.inbox.LookupClaims(ctx, tx, claims)
 	case pl.newClaims:
 		return e.inbox.ClaimNewBatch(ctx, tx, claims)
@@ -328,13 +328,13 @@ func (b *batch) commit(ctx context.Context) error {
 			return failed(err)
 		}
 	}
-	if b.e.hasRecords(b.policy, b.items, b.results) {
-		if err := b.e.writeRecords(ctx, b.tx, b.scope, b.policy, b.items, b.results); err != nil {
+	if b.e.hasRecords(b.rules, b.items, b.results) {
+		if err := b.e.writeRecords(ctx, b.tx, b.scope, b.rules, b.items, b.results); err != nil {
 			return failed(err)
 		}
 	}
-	if b.policy.BeforeCommit != nil {
-		if err := b.policy.BeforeCommit(ctx, b.tx, b.items, b.results); err != nil {
+	if b.rules.beforeCommit != nil {
+		if err := b.rules.beforeCommit(ctx, b.tx, b.items, b.results); err != nil {
 			return failed(err)
 		}
 	}
@@ -347,11 +347,11 @@ func (b *batch) commit(ctx context.Context) error {
 		return failed(fmt.Errorf("commit: %w", err))
 	}
 	b.e.Counts.Batches.Add(1)
-	if b.policy.Committed != nil {
-		b.policy.Committed(b.items, b.results)
+	if b.rules.committed != nil {
+		b.rules.committed(b.items, b.results)
 	}
-	if b.policy.AfterCommit != nil {
-		b.policy.AfterCommit()
+	if b.rules.afterCommit != nil {
+		b.rules.afterCommit()
 	}
 	return nil
 }

@@ -13,7 +13,10 @@
 // deadline and the abandonment of a handler that ignores it, the isolation
 // of suspected poison messages, the admission of concurrent batches, and the
 // one ordered loop that streams and replays use. What differs from source to
-// source is its Policy.
+// source is its policy, one type per source: Queue for Run and RunAlone,
+// Ordered for RunOrdered (a stream reader, each replay mode), none for
+// RunWithoutRetries (consumer.Process). policy.go turns each into the rules
+// a batch reads.
 //
 // # The path of a message
 //

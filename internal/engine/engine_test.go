@@ -111,16 +111,16 @@ func TestMessageThatWouldWaitForAnotherBatchIsPostponed(t *testing.T) {
 	}, nil)
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{}) }()
 	<-holding
 	b1, b2 := item("b1", 1), item("b2", 2)
 	started := time.Now()
-	res := f.eng.Run(ctx, []*Item{b1, b2}, Policy{Postpone: true})
+	res := f.eng.Run(ctx, []*Item{b1, b2}, Queue{})
 	require.Equal(t, []idem.Outcome{idem.Postponed, idem.Processed}, outcomes(res))
 	require.Less(t, time.Since(started), 5*time.Second, "b1 must not wait for batch A's lock")
 	close(release)
 	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
-	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1}, Policy{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1}, Queue{})))
 	require.Equal(t, 2, f.balance(1))
 	require.Equal(t, 1, f.balance(2))
 }
@@ -149,15 +149,15 @@ func TestPostponedMessageRunsAtTheEndOfItsBatchWhenTheRowIsFree(t *testing.T) {
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
 	go func() {
-		res := f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true})
+		res := f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{})
 		close(committedA)
 		doneA <- res
 	}()
 	<-holding
 	b1 := item("b1", 1)
-	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1, item("b2", 2)}, Policy{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{b1, item("b2", 2)}, Queue{})))
 	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(<-doneA))
-	require.Equal(t, []idem.Outcome{idem.Duplicate}, outcomes(f.eng.Run(ctx, []*Item{b1}, Policy{Postpone: true})))
+	require.Equal(t, []idem.Outcome{idem.Duplicate}, outcomes(f.eng.Run(ctx, []*Item{b1}, Queue{})))
 	require.Equal(t, 2, f.balance(1))
 	require.Equal(t, 1, f.balance(2))
 }
@@ -180,10 +180,10 @@ func TestWithoutPostponeAMessageWaitsForTheOtherBatch(t *testing.T) {
 	}, func(cfg *Config) { cfg.LockTimeout = 10 * time.Second })
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{Ordered: true}) }()
 	<-holding
 	doneB := make(chan []Result, 1)
-	go func() { doneB <- f.eng.Run(ctx, []*Item{item("b", 1)}, Policy{}) }()
+	go func() { doneB <- f.eng.Run(ctx, []*Item{item("b", 1)}, Queue{Ordered: true}) }()
 	select {
 	case <-doneB:
 		t.Fatal("b committed while a held the row")
@@ -221,11 +221,11 @@ func TestARowWrittenAfterAnotherBatchsLockStaysKnownUntilThatBatchEnds(t *testin
 	}, func(cfg *Config) { cfg.LockTimeout = 10 * time.Second })
 	ctx := context.Background()
 	doneA, doneB := make(chan []Result, 1), make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{}) }()
 	<-holdingA
 	b := item("b", 1)
 	b.postponed = maxPostponements // waits for the row like any other
-	go func() { doneB <- f.eng.Run(ctx, []*Item{b}, Policy{Postpone: true}) }()
+	go func() { doneB <- f.eng.Run(ctx, []*Item{b}, Queue{}) }()
 	require.Eventually(t, func() bool { return f.waitingOnLocks() == 1 }, 5*time.Second, 10*time.Millisecond,
 		"b waits for a's lock on account 1")
 	close(releaseA)
@@ -233,7 +233,7 @@ func TestARowWrittenAfterAnotherBatchsLockStaysKnownUntilThatBatchEnds(t *testin
 	<-holdingB // b wrote account 1 and holds it
 
 	doneC := make(chan []Result, 1)
-	go func() { doneC <- f.eng.Run(ctx, []*Item{item("c", 1)}, Policy{Postpone: true}) }()
+	go func() { doneC <- f.eng.Run(ctx, []*Item{item("c", 1)}, Queue{}) }()
 	select {
 	case res := <-doneC:
 		require.Equal(t, []idem.Outcome{idem.Postponed}, outcomes(res))
@@ -297,8 +297,9 @@ func TestRerunRunsEachMessageOncePerBatch(t *testing.T) {
 	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error { runs.Add(1); return nil }, nil)
 	ctx := context.Background()
 	m := item("m", 0)
-	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{m}, Policy{})))
-	res, err := f.eng.RunWithoutRetries(ctx, []*Item{item("m", 0), item("m", 0)}, Policy{Inbox: Rerun})
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{m}, Queue{Ordered: true})))
+	repair := (&Ordered{Mode: idem.Repair, Select: func(*idem.Message) bool { return true }}).rules(f.eng, nil)
+	res, err := f.eng.runWithoutRetries(ctx, []*Item{item("m", 0), item("m", 0)}, &repair)
 	require.NoError(t, err)
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Duplicate}, outcomes(res))
 	require.EqualValues(t, 2, runs.Load())
@@ -311,11 +312,11 @@ func TestBatchThatMeetsAClaimedMessageFallsBackToClaimBatch(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil, nil)
 	ctx := context.Background()
-	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{})))
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{Ordered: true})))
 	require.Zero(t, f.eng.classicClaims.Load(), "a batch of new messages keeps the plain INSERT")
 	conflict := item("a", 1)
 	conflict.Hash = idem.HashBytes([]byte("another payload"))
-	res := f.eng.Run(ctx, []*Item{item("b", 2), item("a", 1), conflict, item("c", 3)}, Policy{})
+	res := f.eng.Run(ctx, []*Item{item("b", 2), item("a", 1), conflict, item("c", 3)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Duplicate, idem.DeadLettered, idem.Processed}, outcomes(res))
 	require.EqualValues(t, classicClaimBatches, f.eng.classicClaims.Load(), "the next batches claim with ClaimBatch")
 	require.Equal(t, 1, f.balance(1))
@@ -334,14 +335,14 @@ func TestSuspectIsDeadLetteredAfterItsWorkerDiedMaxCrashesTimes(t *testing.T) {
 		_, err := f.eng.markStart(ctx, "test", poison)
 		require.NoError(t, err)
 	}
-	r := f.eng.RunAlone(ctx, item("poison", 0), Policy{RetryQueue: true})
+	r := f.eng.RunAlone(ctx, item("poison", 0), Queue{Ordered: true})
 	require.Equal(t, idem.DeadLettered, r.Outcome)
 	require.Equal(t, "worker_crashed", r.Reason)
 	require.Zero(t, runs.Load(), "a poison message does not run again")
 
 	healthy := item("healthy", 0)
 	healthy.Suspect = true
-	require.Equal(t, idem.Processed, f.eng.RunAlone(ctx, healthy, Policy{RetryQueue: true}).Outcome)
+	require.Equal(t, idem.Processed, f.eng.RunAlone(ctx, healthy, Queue{Ordered: true}).Outcome)
 	var rows int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("attempts")).Scan(&rows))
 	require.Zero(t, rows, "settled messages leave no attempts rows")
@@ -360,7 +361,7 @@ func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
 	for range 3 {
 		it := item("m", 0)
 		it.Returned = true // back from the retry queue
-		res := f.eng.Run(ctx, []*Item{it}, Policy{RetryQueue: true})
+		res := f.eng.Run(ctx, []*Item{it}, Queue{Ordered: true})
 		require.Len(t, res, 1)
 	}
 	require.Equal(t, 3, seen[len(seen)-1], "attempts: %v", seen)

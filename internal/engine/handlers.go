@@ -33,7 +33,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 		it, d := b.items[i], decisions[i]
 		if b.stopAt >= 0 && i > b.stopAt {
 			b.results[i] = Result{Outcome: idem.Held}
-			if d.Decision == inbox.NewMessage && b.policy.Inbox != Look {
+			if d.Decision == inbox.NewMessage && !b.rules.readOnly() {
 				b.unclaim = append(b.unclaim, it.ID)
 			}
 			continue
@@ -42,18 +42,18 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 		if d.Decision != inbox.NewMessage {
 			b.results[i].StoredHash = d.StoredHash
 		}
-		rerun := b.policy.Inbox == Rerun && d.Decision == inbox.Duplicate && !rerunIDs[it.ID]
+		rerun := b.rules.inbox == inboxRerun && d.Decision == inbox.Duplicate && !rerunIDs[it.ID]
 		if rerun {
 			if rerunIDs == nil {
 				rerunIDs = map[string]bool{}
 			}
 			rerunIDs[it.ID] = true // a second copy in the batch is a duplicate of this run
 		}
-		if d.Decision != inbox.NewMessage && b.policy.Inbox != Look && !rerun {
+		if d.Decision != inbox.NewMessage && !b.rules.readOnly() && !rerun {
 			b.results[i] = notRun(it, d)
 			continue
 		}
-		if !b.plan.savepoints && b.e.cfg.BatchHandler != nil && b.policy.MessageContext == nil {
+		if !b.plan.savepoints && b.e.cfg.BatchHandler != nil && b.rules.messageContext == nil {
 			together = append(together, i)
 			continue
 		}
@@ -153,7 +153,7 @@ const maxPostponements = 3
 // runOne runs item i's handler and decides its result.
 func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	it := b.items[i]
-	b.htx.next(b.policy.Postpone && it.postponed < maxPostponements && d.Decision == inbox.NewMessage)
+	b.htx.next(b.rules.postpone && it.postponed < maxPostponements && d.Decision == inbox.NewMessage)
 	herr, err := b.call(ctx, i, func(hctx context.Context) error { return b.e.handle(hctx, b.htx, it.Message) })
 	if err != nil {
 		return err
@@ -169,7 +169,7 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 		b.done[i] = true
 		return nil
 	}
-	if c := b.htx.contention; (c != nil || isContention(herr)) && b.policy.Inbox != Look {
+	if c := b.htx.contention; (c != nil || isContention(herr)) && !b.rules.readOnly() {
 		if c == nil {
 			c = herr
 		}
@@ -184,13 +184,13 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	if err != nil {
 		return failed(fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err))
 	}
-	if d.Decision == inbox.NewMessage && b.policy.Inbox != Look {
+	if d.Decision == inbox.NewMessage && !b.rules.readOnly() {
 		b.unclaim = append(b.unclaim, it.ID)
 	}
 	r := b.e.classify(it, herr)
 	r.Inbox, r.StoredHash = d.Decision, b.results[i].StoredHash
 	b.results[i] = r
-	if r.Outcome == idem.Retried && b.policy.InOrder {
+	if r.Outcome == idem.Retried && b.rules.inOrder {
 		b.stopAt = i
 	}
 	return nil

@@ -65,11 +65,11 @@ func TestAMessageThatDeferredAWriteIsNeverPostponed(t *testing.T) {
 	f.exec(`CREATE TABLE ` + f.tables.QuotedSchema() + `.log (msg text)`)
 	ctx := context.Background()
 	doneA := make(chan []Result, 1)
-	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Policy{Postpone: true}) }()
+	go func() { doneA <- f.eng.Run(ctx, []*Item{item("a", 1)}, Queue{}) }()
 	<-holding
 	b1, b2 := item("b1", 1), item("b2", 2)
 	go func() { time.Sleep(300 * time.Millisecond); close(release) }()
-	res := f.eng.Run(ctx, []*Item{b1, b2}, Policy{Postpone: true})
+	res := f.eng.Run(ctx, []*Item{b1, b2}, Queue{})
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res), "b1 deferred a write: it waits for a's row instead")
 	<-doneA
 	var n int
@@ -94,7 +94,7 @@ func TestEarlyCommitNeverAcksADeadLetteredMessageAsADuplicate(t *testing.T) {
 		return nil
 	}, nil)
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("k", 1), item("j", 2)}, Policy{})
+	res := f.eng.Run(ctx, []*Item{item("k", 1), item("j", 2)}, Queue{Ordered: true})
 	require.Equal(t, "handler_ended_transaction", res[1].Reason)
 	var dl int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("dead_letters")+` WHERE message_id = 'k'`).Scan(&dl))
@@ -126,7 +126,7 @@ func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err := f.eng.RunOrdered(ctx, ctx, items, Ordered{RetryBaseDelay: time.Millisecond, RetryMaxDelay: time.Millisecond,
-		Policy: Policy{BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
+		BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
 			if len(its) == 4 {
 				return errors.New("whole batch fails")
 			}
@@ -138,7 +138,7 @@ func TestSplitOrderedBatchWaitsForItsRetriedMessage(t *testing.T) {
 				}
 			}
 			return nil
-		}},
+		},
 		Settled: func(it *Item, r Result) error { settled = append(settled, it.Offset); return nil }})
 	require.NoError(t, err)
 	require.Equal(t, []int64{0, 1, 2, 3}, settled, "settled out of order")
@@ -160,10 +160,10 @@ func TestProbeEndedByAnExcludedMessageProbesAgain(t *testing.T) {
 	g.serialUntil = time.Now().Add(-time.Millisecond) // serialized, probe due
 	g.mu.Unlock()
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Policy{})
+	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.Retried, idem.Processed}, outcomes(res))
 	for i := range 5 {
-		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Policy{})
+		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Queue{Ordered: true})
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -196,7 +196,7 @@ func TestCommitAndBeginThroughTheRawConnectionIsCaught(t *testing.T) {
 		return f.updateAccount(ctx, tx, it)
 	}, nil)
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("j", 1), item("k", 2), item("m", 3)}, Policy{})
+	res := f.eng.Run(ctx, []*Item{item("j", 1), item("k", 2), item("m", 3)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.DeadLettered, idem.Processed, idem.Processed}, outcomes(res))
 	require.Equal(t, "handler_ended_transaction", res[0].Reason)
 	require.Equal(t, 1, f.balance(2), "k's effect")
@@ -223,7 +223,7 @@ func TestRawConnectionUseIsCheckedForEveryHandlerOfTheBatch(t *testing.T) {
 		}
 		return f.updateAccount(ctx, tx, it)
 	}, nil)
-	res := f.eng.Run(context.Background(), []*Item{item("raw-1", 1), item("raw-2", 2), item("j", 3), item("m", 4)}, Policy{})
+	res := f.eng.Run(context.Background(), []*Item{item("raw-1", 1), item("raw-2", 2), item("j", 3), item("m", 4)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.Duplicate, idem.Duplicate, idem.DeadLettered, idem.Processed}, outcomes(res))
 	require.Equal(t, "handler_ended_transaction", res[2].Reason)
 	for account, want := range map[int]int{1: 1, 2: 1, 3: 0, 4: 1} {
@@ -244,7 +244,7 @@ func TestBatchHandlerThatCommitsEarlyAcksNothingUnprocessed(t *testing.T) {
 		return errors.New("failed after the early commit, before writing")
 	})
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("a", 1), item("b", 2)}, Policy{})
+	res := f.eng.Run(ctx, []*Item{item("a", 1), item("b", 2)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res), "message by message after the repair")
 	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)}, "a and b each applied once")
 }
@@ -271,7 +271,8 @@ func TestExcludedRetryDefersOnlyTheMessagesAfterIt(t *testing.T) {
 		it.Offset, it.HasOffset = int64(i), true
 		items = append(items, it)
 	}
-	res := f.eng.Run(context.Background(), items, Policy{InOrder: true})
+	inOrder := (&Ordered{}).rules(f.eng, nil)
+	res := f.eng.run(context.Background(), items, &inOrder, make([]Result, len(items)), false)
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed, idem.Retried, idem.Held}, outcomes(res), "runs %v", runs)
 }
 
@@ -323,7 +324,7 @@ func TestBatchHandlerThatTimesOutWithTheRawConnectionIsNotTakenForAnEndedTransac
 		}
 		return nil
 	})
-	res := f.eng.Run(context.Background(), []*Item{item("a", 1), item("b", 2)}, Policy{})
+	res := f.eng.Run(context.Background(), []*Item{item("a", 1), item("b", 2)}, Queue{Ordered: true})
 	require.Equal(t, []idem.Outcome{idem.Processed, idem.Processed}, outcomes(res))
 	require.Equal(t, [2]int{1, 1}, [2]int{f.balance(1), f.balance(2)})
 	trace.mu.Lock()

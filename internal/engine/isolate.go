@@ -17,18 +17,19 @@ import (
 // MaxCrashes of them the item is dead-lettered as worker_crashed, without
 // running, before the broker's delivery limit would drop it. A healthy item
 // never accumulates starts: its own transaction clears them.
-func (e *Engine) RunAlone(ctx context.Context, it *Item, p Policy) Result {
-	release, ok := e.gov.exclusive(ctx, p.Abandon)
+func (e *Engine) RunAlone(ctx context.Context, it *Item, q Queue) Result {
+	p := q.rules(e)
+	release, ok := e.gov.exclusive(ctx, p.abandon)
 	if !ok {
 		return Result{Outcome: idem.Unresolved, Err: context.Cause(ctx)}
 	}
 	defer release()
 	e.Vitals.started() // marking is watched like an attempt
 	defer e.Vitals.active.Add(-1)
-	scope := p.scope(e)
+	scope := p.scope
 	fixed := make([]Result, 1)
 	marked := false
-	if it.Reject == nil && it.ID != "" && p.Inbox != Look {
+	if it.Reject == nil && it.ID != "" && !p.readOnly() {
 		crashes, err := e.markStart(ctx, scope, it)
 		if err != nil {
 			e.cfg.Logger.Warn("could not mark a suspect message before running it alone; leaving it for redelivery",

@@ -3,31 +3,12 @@ package engine
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/retry"
 )
-
-// Ordered says how RunOrdered processes consecutive messages of an ordered
-// source (a stream, a replay).
-type Ordered struct {
-	// Policy is each batch's policy (StreamPolicy, a replay's); InOrder
-	// and Abandon are set by RunOrdered.
-	Policy
-	// RetryBaseDelay and RetryMaxDelay bound the backoff before a failed
-	// message is tried again in place.
-	RetryBaseDelay, RetryMaxDelay time.Duration
-	// Checkpoint, when set, records inside each batch transaction that every
-	// message up to offset upTo is settled.
-	Checkpoint func(ctx context.Context, tx pgx.Tx, upTo int64) error
-	// Settled is called once per message, in order, with its final result
-	// (Processed, Duplicate, DeadLettered, Skipped; read-only also Retried).
-	// An error stops RunOrdered.
-	Settled func(it *Item, r Result) error
-}
 
 // RunOrdered runs items, consecutive messages of an ordered source, in
 // order. A message whose handler fails is retried in place (an ordered
@@ -42,12 +23,10 @@ type Ordered struct {
 func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered) error {
 	last := items[len(items)-1].Offset
 	settled := make(map[int64]bool, len(items)) // committed with a final outcome
-	opts := o.Policy
-	opts.InOrder, opts.Abandon = true, ctx.Done()
-	before := o.BeforeCommit
-	opts.BeforeCommit = func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
-		if before != nil {
-			if err := before(ctx, tx, its, res); err != nil {
+	p := o.rules(e, ctx.Done())
+	p.beforeCommit = func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
+		if o.BeforeCommit != nil {
+			if err := o.BeforeCommit(ctx, tx, its, res); err != nil {
 				return err
 			}
 		}
@@ -59,7 +38,7 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 		}
 		return nil
 	}
-	opts.Committed = func(its []*Item, res []Result) {
+	p.committed = func(its []*Item, res []Result) {
 		for i, r := range res {
 			if r.Outcome.Final() {
 				settled[its[i].Offset] = true
@@ -69,8 +48,8 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 	pending := items
 	for attempt := 1; ; attempt++ {
 		batch := pending
-		results := e.Run(work, batch, opts)
-		if opts.Inbox != Look {
+		results := e.run(work, batch, &p, make([]Result, len(batch)), false)
+		if !p.readOnly() {
 			e.Count(work, results)
 		}
 		pending = nil
@@ -80,7 +59,7 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 				return fmt.Errorf("engine: batch at offset %d: %w", batch[i].Offset, r.Err)
 			case r.Outcome == idem.Held:
 				pending = append(pending, batch[i]) // its turn comes after the retried one
-			case r.Outcome == idem.Retried && opts.Inbox != Look:
+			case r.Outcome == idem.Retried && !p.readOnly():
 				it := batch[i]
 				e.cfg.Logger.Info("handler failed, retrying in place", "offset", it.Offset,
 					"message_id", shortID(it.ID), "attempt", it.Attempt, "error", r.Err)

@@ -8,100 +8,165 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
 )
 
-// Policy is how one source's batches run: everything the engine does
-// differently for a queue (QueuePolicy), a live stream (StreamPolicy), a
-// replay (each replay mode builds its own) or consumer.Process (the zero
-// value). A source builds its policy once and hands it to every batch; each
-// field says where the engine reads it.
-type Policy struct {
-	// Scope is the inbox scope; Config.Name when empty (attempt.go: claim;
-	// records.go).
+// A source says how its batches run with one policy of its own: a queue
+// with Queue (Run, RunAlone), a stream reader or a replay with Ordered
+// (RunOrdered), consumer.Process with none (RunWithoutRetries). Each policy
+// holds only what its source decides; the engine turns it into the rules
+// its batches read, in one place (Queue.rules, Ordered.rules,
+// processRules).
+
+// Queue is a queue's policy. A failed message waits in the consumer's retry
+// queue, its attempts counted in the attempts table. Without an ordering key
+// a message whose first write names a row another batch in flight wrote
+// leaves its batch (Postponed) instead of waiting for that batch's locks.
+type Queue struct {
+	// Ordered says the queue has an ordering key: no message is postponed,
+	// so none runs after a later message of its key.
+	Ordered bool
+	// Abandon, when closed, stops the retries of a failing batch: its broker
+	// session died, and its messages are redelivered anyway.
+	Abandon <-chan struct{}
+	// AfterCommit, when set, runs once each commit returned (tests simulate
+	// a crash there).
+	AfterCommit func()
+}
+
+func (q Queue) rules(e *Engine) rules {
+	return rules{scope: e.cfg.Name, retryQueue: true, postpone: !q.Ordered, abandon: q.Abandon, afterCommit: q.AfterCommit}
+}
+
+// Ordered is the policy of an ordered source (a stream reader, a replay):
+// consecutive messages run in order, and a failed one is retried in place
+// with the messages after it (RunOrdered).
+type Ordered struct {
+	// Mode is how the batches use the inbox. Live (a stream reader) and
+	// Normal claim each message and run the new ones. Rebuild claims in
+	// Scope and commits with synchronous_commit off: a crash loses the
+	// checkpoint with the writes it covers. Forensic looks the messages up
+	// in a READ ONLY transaction that is always rolled back, and runs every
+	// valid message's handler. Repair claims, and runs again the selected
+	// messages the inbox already holds.
+	Mode idem.Mode
+	// Scope is the inbox scope; the engine's Config.Name when empty.
 	Scope string
-	// Inbox is how a batch uses the inbox (attempt.go: begin, claim,
-	// commit; handlers.go: runHandlers).
-	Inbox InboxUse
-	// Select, when set, picks the messages a batch processes; the others
-	// are Skipped, untouched (a repair; attempt.go: decideFixed).
-	Select func(*Item) bool
-	// InOrder processes in order: once a message is to be retried, the
-	// messages after it are Held and nothing after it commits; a split batch
-	// whose first half does not settle does not run its second half (an
-	// ordered source; handlers.go, run.go: split). RunOrdered sets it.
-	InOrder bool
-	// RetryQueue keeps failed attempts and original routes in the attempts
-	// table, for a queue whose failed messages wait in a retry queue
-	// (attempt.go: claim; records.go; run.go: giveUp).
-	RetryQueue bool
-	// Postpone lets a message whose first write names a row another batch
-	// in flight wrote leave its batch (Postponed) instead of waiting for
-	// that batch's locks. Not for ordered sources or ordering keys: the
-	// message then runs after later ones (handlers.go: runOne).
-	Postpone bool
-	// AsyncCommit commits with synchronous_commit off (a rebuild's batches;
-	// attempt.go: beginSQL).
-	AsyncCommit bool
-	// Gate, when non-zero, is an advisory lock the transaction takes in
+	// Select, for Repair only, picks the messages to run; the others are
+	// Skipped, untouched.
+	Select func(*idem.Message) bool
+	// Gate, when non-zero, is an advisory lock each transaction takes in
 	// shared mode as it begins, in the BEGIN round trip (waiting at most
 	// HandlerTimeout). A session that takes it exclusively — a rebuild
 	// swapping its tables in — waits for the batches in flight and holds
-	// the next ones at their start, before they touch anything (attempt.go:
-	// beginSQL).
+	// the next ones at their start, before they touch anything.
 	Gate int64
-	// MessageContext decorates each message's handler context; a batch
-	// with it runs message by message, never through the batch handler
-	// (attempt.go: newBatch).
+	// MessageContext, when set, decorates each message's handler context; a
+	// batch with it runs message by message, never through the batch
+	// handler.
 	MessageContext func(context.Context, *Item) context.Context
-	// BeforeCommit runs last inside the transaction, with the results
-	// (attempt.go: commit).
+	// BeforeCommit, when set, runs inside each transaction, after the
+	// engine's writes and before the checkpoint, with the results.
 	BeforeCommit func(ctx context.Context, tx pgx.Tx, items []*Item, results []Result) error
-	// Committed runs after a commit succeeded (attempt.go: commit).
-	Committed func(items []*Item, results []Result)
-	// AfterCommit runs once a commit returned (tests simulate a crash here;
-	// attempt.go: commit).
-	AfterCommit func()
-	// Abandon, when closed, stops the retries of a failing batch (its
-	// broker session died: its messages are redelivered anyway; run.go).
-	Abandon <-chan struct{}
+	// Checkpoint, when set, records inside each batch transaction that every
+	// message up to offset upTo is settled.
+	Checkpoint func(ctx context.Context, tx pgx.Tx, upTo int64) error
+	// Settled is called once per message, in order, with its final result
+	// (Processed, Duplicate, DeadLettered, Skipped; read-only also Retried).
+	// An error stops RunOrdered.
+	Settled func(it *Item, r Result) error
+	// RetryBaseDelay and RetryMaxDelay bound the backoff before a failed
+	// message is tried again in place.
+	RetryBaseDelay, RetryMaxDelay time.Duration
 }
 
-// InboxUse is how a batch uses the inbox.
-type InboxUse uint8
+// rules are o's rules; abandon stops a failing batch's retries.
+func (o *Ordered) rules(e *Engine, abandon <-chan struct{}) rules {
+	r := rules{scope: o.Scope, inOrder: true, gate: o.Gate, messageContext: o.MessageContext, abandon: abandon}
+	if r.scope == "" {
+		r.scope = e.cfg.Name
+	}
+	switch o.Mode {
+	case idem.Live, idem.Normal:
+	case idem.Rebuild:
+		r.asyncCommit = true
+	case idem.Forensic:
+		r.inbox = inboxLook
+	case idem.Repair:
+		r.inbox, r.selected = inboxRerun, o.Select
+	default:
+		panic(fmt.Sprintf("engine: ordered mode %q", o.Mode))
+	}
+	if o.Select != nil && o.Mode != idem.Repair {
+		panic("engine: Select is for Repair only")
+	}
+	return r
+}
+
+// processRules are consumer.Process's rules: claim and run, nothing more.
+func processRules(e *Engine) rules { return rules{scope: e.cfg.Name} }
+
+// rules are what a batch reads of its source's policy. Each field says
+// which policy sets it and where the engine reads it.
+type rules struct {
+	// scope is the inbox scope (all; attempt.go: claim; records.go).
+	scope string
+	// inbox is how the batch uses the inbox (Ordered.Mode; attempt.go,
+	// handlers.go, run.go).
+	inbox inboxUse
+	// selected picks the messages a repair runs (Ordered.Select;
+	// attempt.go: decideFixed).
+	selected func(*idem.Message) bool
+	// inOrder: once a message is to be retried, the messages after it are
+	// Held and nothing after it commits; a split batch whose first half does
+	// not settle does not run its second half (Ordered; handlers.go, run.go:
+	// split).
+	inOrder bool
+	// retryQueue keeps failed attempts and original routes in the attempts
+	// table (Queue; attempt.go: claim; records.go; run.go: giveUp).
+	retryQueue bool
+	// postpone lets a message leave its batch rather than wait for another
+	// batch's rows (Queue without ordering key; handlers.go: runOne).
+	postpone bool
+	// asyncCommit commits with synchronous_commit off (a rebuild; attempt.go:
+	// beginSQL).
+	asyncCommit bool
+	// gate is Ordered.Gate (attempt.go: beginSQL).
+	gate int64
+	// messageContext is Ordered.MessageContext (attempt.go: newBatch;
+	// handlers.go: runHandlers).
+	messageContext func(context.Context, *Item) context.Context
+	// beforeCommit runs last inside the transaction (RunOrdered; attempt.go:
+	// commit).
+	beforeCommit func(ctx context.Context, tx pgx.Tx, items []*Item, results []Result) error
+	// committed runs after a commit succeeded (RunOrdered; attempt.go:
+	// commit).
+	committed func(items []*Item, results []Result)
+	// afterCommit is Queue.AfterCommit (attempt.go: commit).
+	afterCommit func()
+	// abandon stops a failing batch's retries (Queue.Abandon, RunOrdered's
+	// context; run.go, isolate.go).
+	abandon <-chan struct{}
+}
+
+// inboxUse is how a batch uses the inbox.
+type inboxUse uint8
 
 const (
-	// Claim claims each message, runs the handlers of the new ones and
-	// commits: live consumption and most replays.
-	Claim InboxUse = iota
-	// Look runs a READ ONLY transaction that is always rolled back: the
-	// inbox is looked up, not claimed, and every valid message's handler
-	// runs (a forensic replay).
-	Look
-	// Rerun claims, and runs again the selected messages the inbox already
-	// holds (a repair).
-	Rerun
+	// inboxClaim claims each message, runs the handlers of the new ones and
+	// commits.
+	inboxClaim inboxUse = iota
+	// inboxLook runs a READ ONLY transaction that is always rolled back: the
+	// inbox is looked up, not claimed (a forensic replay).
+	inboxLook
+	// inboxRerun claims, and runs again the selected messages the inbox
+	// already holds (a repair).
+	inboxRerun
 )
 
-// QueuePolicy is a queue's policy: failed messages wait in a retry queue,
-// with their attempts counted in the attempts table; without an ordering
-// key (ordered false) a message whose row another batch writes is
-// postponed. A batch's retries stop when abandon closes (its broker session
-// died); afterCommit, when set (tests), runs after each commit.
-func QueuePolicy(ordered bool, abandon <-chan struct{}, afterCommit func()) Policy {
-	return Policy{RetryQueue: true, Postpone: !ordered, Abandon: abandon, AfterCommit: afterCommit}
-}
-
-// StreamPolicy is a live stream reader's policy: its batches run in order
-// (RunOrdered) and each takes the stream's swap gate.
-func StreamPolicy(gate int64) Policy { return Policy{InOrder: true, Gate: gate} }
-
-// scope is the inbox scope of batches with p.
-func (p *Policy) scope(e *Engine) string {
-	if p.Scope != "" {
-		return p.Scope
-	}
-	return e.cfg.Name
-}
+// readOnly reports a forensic batch: nothing it does is kept.
+func (r *rules) readOnly() bool { return r.inbox == inboxLook }
 
 // plan is how one attempt runs.
 type plan struct {

@@ -120,12 +120,12 @@ func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, it
 // hasRecords reports whether a batch has rows to write besides the inbox:
 // a dead letter, or with a retry queue a failed attempt or the attempts row
 // of a message settled for good.
-func (e *Engine) hasRecords(p *Policy, items []*Item, results []Result) bool {
+func (e *Engine) hasRecords(p *rules, items []*Item, results []Result) bool {
 	for i, r := range results {
 		switch {
 		case r.Outcome == idem.DeadLettered:
 			return true
-		case !p.RetryQueue:
+		case !p.retryQueue:
 		case r.Outcome == idem.Retried, items[i].row != nil && r.Outcome.Final():
 			return true
 		}
@@ -136,7 +136,7 @@ func (e *Engine) hasRecords(p *Policy, items []*Item, results []Result) bool {
 // writeRecords writes, in one round trip, the batch's dead-letter rows and
 // attempt counts: a failed attempt of a retried message, the rows of
 // messages settled for good deleted.
-func (e *Engine) writeRecords(ctx context.Context, tx pgx.Tx, scope string, p *Policy, items []*Item, results []Result) error {
+func (e *Engine) writeRecords(ctx context.Context, tx pgx.Tx, scope string, p *rules, items []*Item, results []Result) error {
 	b := &pgx.Batch{}
 	var dead []deadletters.Row
 	var failedIDs, exchanges, keys, clearIDs []string
@@ -146,14 +146,14 @@ func (e *Engine) writeRecords(ctx context.Context, tx pgx.Tx, scope string, p *P
 		switch {
 		case r.Outcome == idem.DeadLettered:
 			dead = append(dead, e.deadLetterRow(it, r))
-		case !p.RetryQueue:
+		case !p.retryQueue:
 		case r.Outcome == idem.Retried:
 			failedIDs = append(failedIDs, it.ID)
 			failures = append(failures, int32(it.Attempt))
 			exchanges = append(exchanges, safetext.Clean(it.Exchange))
 			keys = append(keys, safetext.Clean(it.RoutingKey))
 		}
-		if p.RetryQueue && it.row != nil && r.Outcome.Final() {
+		if p.retryQueue && it.row != nil && r.Outcome.Final() {
 			clearIDs = append(clearIDs, it.ID)
 		}
 	}

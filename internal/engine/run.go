@@ -20,10 +20,11 @@ import (
 // batches contend for rows), down to single items. A single item whose
 // transaction still fails while the database answers is given up
 // (Unresolved: back to its source); while the database does not answer, it
-// is retried until it does, or until ctx ends or p.Abandon is closed. The
+// is retried until it does, or until ctx ends or q.Abandon is closed. The
 // caller counts the results (Count) once it has acted on them.
-func (e *Engine) Run(ctx context.Context, items []*Item, p Policy) []Result {
-	return e.run(ctx, items, &p, make([]Result, len(items)), false)
+func (e *Engine) Run(ctx context.Context, items []*Item, q Queue) []Result {
+	r := q.rules(e)
+	return e.run(ctx, items, &r, make([]Result, len(items)), false)
 }
 
 // RunWithoutRetries runs items as one batch, with the fallbacks of a
@@ -32,15 +33,21 @@ func (e *Engine) Run(ctx context.Context, items []*Item, p Policy) []Result {
 // to have committed. A message that had to be excluded (its handler timed
 // out, or ended the transaction) is decided, and the others run again
 // without it. consumer.Process uses it; it counts the results.
-func (e *Engine) RunWithoutRetries(ctx context.Context, items []*Item, p Policy) ([]Result, error) {
+func (e *Engine) RunWithoutRetries(ctx context.Context, items []*Item) ([]Result, error) {
+	r := processRules(e)
+	return e.runWithoutRetries(ctx, items, &r)
+}
+
+// runWithoutRetries is RunWithoutRetries with rules p.
+func (e *Engine) runWithoutRetries(ctx context.Context, items []*Item, p *rules) ([]Result, error) {
 	fixed := make([]Result, len(items))
 	for {
-		res, err := e.once(ctx, items, &p, &plan{lockTimeout: e.cfg.LockTimeout, fixed: fixed})
+		res, err := e.once(ctx, items, p, &plan{lockTimeout: e.cfg.LockTimeout, fixed: fixed})
 		if ex, ok := errors.AsType[*excludeError](err); ok {
 			fixed[ex.index] = ex.result // decided; the others run again without it
 			continue
 		}
-		if err == nil && p.Inbox != Look {
+		if err == nil && !p.readOnly() {
 			e.Count(ctx, res)
 		}
 		return res, err
@@ -48,13 +55,13 @@ func (e *Engine) RunWithoutRetries(ctx context.Context, items []*Item, p Policy)
 }
 
 // run is Run's loop; alone says the caller holds the engine alone.
-func (e *Engine) run(ctx context.Context, items []*Item, p *Policy, fixed []Result, alone bool) []Result {
+func (e *Engine) run(ctx context.Context, items []*Item, p *rules, fixed []Result, alone bool) []Result {
 	lock := e.cfg.LockTimeout
 	for attempt := 1; ; attempt++ {
 		release, serial, solo := func() {}, false, false
 		if !alone {
 			var ok bool
-			if release, serial, solo, ok = e.gov.admit(ctx, p.Abandon); !ok {
+			if release, serial, solo, ok = e.gov.admit(ctx, p.abandon); !ok {
 				return unresolved(len(items), context.Cause(ctx))
 			}
 		}
@@ -73,7 +80,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, p *Policy, fixed []Resu
 			return res
 		}
 		e.logRetry(ctx, len(items), attempt, contention, err)
-		if ctx.Err() != nil || closed(p.Abandon) {
+		if ctx.Err() != nil || closed(p.abandon) {
 			return unresolved(len(items), err)
 		}
 		if contention {
@@ -94,7 +101,7 @@ func (e *Engine) run(ctx context.Context, items []*Item, p *Policy, fixed []Resu
 		if contention {
 			delay = retry.Backoff(attempt, 5*time.Millisecond, time.Second)
 		}
-		sleepUnlessAbandoned(ctx, delay, p.Abandon)
+		sleepUnlessAbandoned(ctx, delay, p.abandon)
 	}
 }
 
@@ -111,8 +118,8 @@ const carefulBatches = 16
 // unless a batch recently met a duplicate, handlers without savepoints
 // unless one recently failed. A batch that meets a duplicate runs again with
 // ClaimBatch; one whose handler fails runs again with a savepoint per item.
-func (e *Engine) once(ctx context.Context, items []*Item, p *Policy, pl *plan) ([]Result, error) {
-	pl.savepoints = p.Inbox != Claim || countDown(&e.careful)
+func (e *Engine) once(ctx context.Context, items []*Item, p *rules, pl *plan) ([]Result, error) {
+	pl.savepoints = p.inbox != inboxClaim || countDown(&e.careful)
 	pl.newClaims = !pl.savepoints && !countDown(&e.classicClaims)
 	res, err := e.supervised(ctx, items, p, pl)
 	if errors.Is(err, errAlreadyClaimed) {
@@ -151,7 +158,7 @@ type attemptResult struct {
 // handler still running abandonGrace after that ignores its context: the
 // attempt is abandoned (see abandon) and the goroutine left to finish on
 // its own, so that the worker goes on.
-func (e *Engine) supervised(ctx context.Context, items []*Item, p *Policy, pl *plan) (_ []Result, err error) {
+func (e *Engine) supervised(ctx context.Context, items []*Item, p *rules, pl *plan) (_ []Result, err error) {
 	w := &watch{}
 	defer w.finish()
 	e.Vitals.started()
@@ -208,13 +215,13 @@ func (v *Vitals) ended(err error) {
 // split runs the two halves of a failing batch; in order, the second half
 // runs only if the first settled: after an unresolved message it is
 // unresolved too, after a retried one it waits for it (Held).
-func (e *Engine) split(ctx context.Context, items []*Item, p *Policy, fixed []Result, err error, alone bool) []Result {
+func (e *Engine) split(ctx context.Context, items []*Item, p *rules, fixed []Result, err error, alone bool) []Result {
 	half := len(items) / 2
 	first := e.run(ctx, items[:half], p, fixed[:half], alone)
-	if p.InOrder && slices.ContainsFunc(first, func(r Result) bool { return r.Outcome == idem.Unresolved }) {
+	if p.inOrder && slices.ContainsFunc(first, func(r Result) bool { return r.Outcome == idem.Unresolved }) {
 		return append(first, unresolved(len(items)-half, err)...)
 	}
-	if p.InOrder && slices.ContainsFunc(first, func(r Result) bool { return !r.Outcome.Final() }) {
+	if p.inOrder && slices.ContainsFunc(first, func(r Result) bool { return !r.Outcome.Final() }) {
 		rest := make([]Result, len(items)-half)
 		for i := range rest {
 			rest[i] = Result{Outcome: idem.Held}
@@ -231,8 +238,8 @@ func (e *Engine) split(ctx context.Context, items []*Item, p *Policy, fixed []Re
 // MaxAttempts, giveUp fixes its dead letter (reason max_attempts) and
 // reports true, and the next attempt writes only that. Otherwise the
 // message is handed back.
-func (e *Engine) giveUp(ctx context.Context, it *Item, p *Policy, fixed []Result, err error) bool {
-	if len(fixed) != 1 || !p.RetryQueue || it.Reject != nil || fixed[0].Outcome != 0 {
+func (e *Engine) giveUp(ctx context.Context, it *Item, p *rules, fixed []Result, err error) bool {
+	if len(fixed) != 1 || !p.retryQueue || it.Reject != nil || fixed[0].Outcome != 0 {
 		return false
 	}
 	if it.Attempt >= e.cfg.MaxAttempts {
@@ -240,7 +247,7 @@ func (e *Engine) giveUp(ctx context.Context, it *Item, p *Policy, fixed []Result
 			Err: fmt.Errorf("attempt %d of %d: its transaction kept failing: %w", it.Attempt, e.cfg.MaxAttempts, err)}
 		return true
 	}
-	e.recordFailure(ctx, p.scope(e), it)
+	e.recordFailure(ctx, p.scope, it)
 	return false
 }
 

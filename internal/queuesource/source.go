@@ -72,7 +72,7 @@ type Config struct {
 type Source struct {
 	cfg    Config
 	eng    *engine.Engine
-	policy engine.Policy // the queue's (engine.QueuePolicy), but its Abandon, which is per session
+	policy engine.Queue // the queue's policy, but its Abandon, which is per session
 	gen    atomic.Uint64
 	// held is the gate's account of the current session, for Stats.
 	held atomic.Int64
@@ -96,7 +96,7 @@ func (src *Source) setConnected(ok bool) {
 
 // New returns a Source feeding eng.
 func New(cfg Config, eng *engine.Engine) *Source {
-	return &Source{cfg: cfg, eng: eng, policy: engine.QueuePolicy(cfg.OrderingKey != nil, nil, cfg.AfterCommit)}
+	return &Source{cfg: cfg, eng: eng, policy: engine.Queue{Ordered: cfg.OrderingKey != nil, AfterCommit: cfg.AfterCommit}}
 }
 
 // BufferedBytes is what the current session holds in memory of deliveries
@@ -605,7 +605,7 @@ func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
 
 // sessionPolicy is the queue's policy for the batches of session s: their
 // retries stop when it dies.
-func (src *Source) sessionPolicy(s *session) engine.Policy {
+func (src *Source) sessionPolicy(s *session) engine.Queue {
 	p := src.policy
 	p.Abandon = s.dead
 	return p

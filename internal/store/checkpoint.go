@@ -74,7 +74,7 @@ func StreamLockKey(tables idem.Tables, name, stream string) string {
 }
 
 // SwapGate is the advisory lock id a live stream reader's batches take in
-// shared mode as they begin (engine.Policy.Gate). A rebuild that swaps the
+// shared mode as they begin (engine.Ordered.Gate). A rebuild that swaps the
 // consumer's projection takes it exclusively, in its swap transaction: the
 // live batches in flight finish first, the next ones wait for the swap.
 func SwapGate(tables idem.Tables, name, stream string) int64 {
