@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/parked"
 )
 
 // GapPolicy says what a Guard does with an event whose version skips
@@ -117,7 +118,7 @@ type Guard[E any] struct {
 	cfg          GuardConfig[E]
 	p            *Projection
 	live, shadow guardSQL
-	park         parkSQL
+	park         parked.Table
 }
 
 // guardSQL are the statements reading an entity's version in one table.
@@ -152,7 +153,7 @@ func NewGuard[E any](cfg GuardConfig[E]) (*Guard[E], error) {
 		return guardSQL{lock: read + ` FOR UPDATE`, read: read}
 	}
 	return &Guard[E]{cfg: cfg, p: p, live: sel(p.live[cfg.Table]), shadow: sel(p.shadow[cfg.Table]),
-		park: newParkSQL(cfg.Tables)}, nil
+		park: parked.New(cfg.Tables)}, nil
 }
 
 // verdict is the guard's reading of an event against the row.

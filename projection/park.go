@@ -6,27 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/idemkit/idem"
 )
-
-// parkSQL are the statements on the parked events.
-type parkSQL struct {
-	insert, take string
-}
-
-func newParkSQL(t idem.Tables) parkSQL {
-	table := t.Table("projection_parked")
-	return parkSQL{
-		insert: `INSERT INTO ` + table + ` (projection, entity, entity_key, version, event) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT DO NOTHING`,
-		// The parked events of the entity up to the next version: those at
-		// or below the applied version are stale and go; the next one, if
-		// parked, is applied.
-		take: `DELETE FROM ` + table + ` WHERE projection = $1 AND entity = $2 AND entity_key = $3 AND version <= $4
-RETURNING version, event`,
-	}
-}
 
 // parkEvent keeps ev aside until the versions before it are applied.
 func (g *Guard[E]) parkEvent(ctx context.Context, tx pgx.Tx, key string, version int64, ev E) error {
@@ -34,7 +14,7 @@ func (g *Guard[E]) parkEvent(ctx context.Context, tx pgx.Tx, key string, version
 	if err != nil {
 		return fmt.Errorf("projection %s: park %s %q version %d: encode: %w", g.p.name, g.cfg.Table, key, version, err)
 	}
-	if _, err := tx.Exec(ctx, g.park.insert, g.p.scope(ctx), g.cfg.Table, key, version, body); err != nil {
+	if err := g.park.Park(ctx, tx, g.p.scope(ctx), g.cfg.Table, key, version, body); err != nil {
 		return fmt.Errorf("projection %s: park %s %q version %d: %w", g.p.name, g.cfg.Table, key, version, err)
 	}
 	return nil
@@ -61,23 +41,8 @@ func (g *Guard[E]) unpark(ctx context.Context, tx pgx.Tx, key string, version in
 // one at version+1, if it was parked.
 func (g *Guard[E]) take(ctx context.Context, tx pgx.Tx, scope, key string, version int64) (E, bool, error) {
 	var next E
-	rows, err := tx.Query(ctx, g.park.take, scope, g.cfg.Table, key, version+1)
+	body, err := g.park.Take(ctx, tx, scope, g.cfg.Table, key, version+1)
 	if err != nil {
-		return next, false, fmt.Errorf("projection %s: unpark %s %q: %w", g.p.name, g.cfg.Table, key, err)
-	}
-	var body []byte
-	for rows.Next() {
-		var v int64
-		var b []byte
-		if err := rows.Scan(&v, &b); err != nil {
-			rows.Close()
-			return next, false, fmt.Errorf("projection %s: unpark %s %q: %w", g.p.name, g.cfg.Table, key, err)
-		}
-		if v == version+1 {
-			body = b
-		}
-	}
-	if err := rows.Err(); err != nil {
 		return next, false, fmt.Errorf("projection %s: unpark %s %q: %w", g.p.name, g.cfg.Table, key, err)
 	}
 	if body == nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/parked"
 	"github.com/idemkit/idem/internal/shadow"
 )
 
@@ -76,8 +77,7 @@ func abandon(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, row *r
 		if err := ib.Release(ctx, tx, rebuildScope(row.consumer, runID)); err != nil {
 			return fmt.Errorf("replay: abandon run %s: %w", runID, err)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+tables.Table("projection_parked")+` WHERE projection = $1`,
-			shadow.Scope(*row.projection)); err != nil {
+		if err := parked.New(tables).Delete(ctx, tx, shadow.Scope(*row.projection)); err != nil {
 			return fmt.Errorf("replay: abandon run %s: delete its parked events: %w", runID, err)
 		}
 		return shadowSet{schema: *row.schema, tables: row.tables}.drop(ctx, tx)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/parked"
 	"github.com/idemkit/idem/internal/shadow"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
@@ -229,11 +230,8 @@ func (r *runner) mergeInbox(ctx context.Context, tx pgx.Tx, d inboxDiff, delta [
 // moveParked replaces the live projection's parked events with the
 // rebuild's.
 func (r *runner) moveParked(ctx context.Context, tx pgx.Tx) error {
-	table, name := r.tables.Table("projection_parked"), *r.row.projection
-	b := &pgx.Batch{}
-	b.Queue(`DELETE FROM `+table+` WHERE projection = $1`, name)
-	b.Queue(`UPDATE `+table+` SET projection = $1 WHERE projection = $2`, name, shadow.Scope(name))
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	name := *r.row.projection
+	if err := parked.New(r.tables).Replace(ctx, tx, shadow.Scope(name), name); err != nil {
 		return fmt.Errorf("replay: swap: move the parked events: %w", err)
 	}
 	return nil
