@@ -261,9 +261,6 @@ func (c *Config) setDefaults() {
 	def(&c.BatchRetries, 8)
 	defDur(&c.CommitTimeout, 10*time.Second)
 	defDur(&c.HandlerTimeout, defaultHandlerTimeout)
-	if c.Hash == nil {
-		c.Hash = hashRaw
-	}
 	defDur(&c.LockTimeout, defaultLockTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -273,9 +270,6 @@ func (c *Config) setDefaults() {
 	def(&c.MaxHeaders, 256)
 	def(&c.MaxIDBytes, 512)
 	def(&c.MaxMessageBytes, 16<<20)
-	if c.MessageID == nil {
-		c.MessageID = idFromProperty
-	}
 	if c.Workers <= 0 {
 		c.Workers = max(2*runtime.GOMAXPROCS(0), 4)
 		if c.Pool != nil { // a worker without a connection only waits for one

@@ -21,16 +21,16 @@ type Consumer struct {
 	eng     *engine.Engine
 	src     queueSource // nil without a Queue
 	running atomic.Bool
-
-	// afterCommit, when set by tests of this package, runs after each
-	// successful commit and before the acks: the crash window of invariant 2.
-	afterCommit func()
 }
 
 // New validates cfg, fills in defaults and returns a Consumer. It does not
 // connect: Run does, and Run needs the broker (AMQPURL or AMQPURLs) and
 // Queue; Process needs neither.
-func New(cfg Config) (*Consumer, error) {
+func New(cfg Config) (*Consumer, error) { return build(cfg, nil) }
+
+// build is New; afterCommit, when set (tests of this package), runs after
+// each commit and before the acks: the crash window of invariant 2.
+func build(cfg Config, afterCommit func()) (*Consumer, error) {
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -42,11 +42,7 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	if cfg.Queue != "" {
 		sc := cfg.sourceConfig()
-		sc.AfterCommit = func() {
-			if c.afterCommit != nil {
-				c.afterCommit()
-			}
-		}
+		sc.AfterCommit = afterCommit
 		c.src = queuesource.New(sc, c.eng)
 		if cfg.Partitions > 0 {
 			lease, err := partlease.New(partlease.Config{

@@ -71,15 +71,18 @@ func TestCrashBetweenCommitAndAckRedeliversAsDuplicate(t *testing.T) {
 	proxy := testbroker.NewProxy(t)
 	e.declare(nil)
 	e.publish("m-1", `{"n":1}`, nil)
-	c := e.newConsumer(e.effectHandler(), func(cfg *Config) { cfg.AMQPURL = proxy.URL() })
+	cfg := e.config()
+	cfg.AMQPURL = proxy.URL()
 	var severed atomic.Bool
-	c.afterCommit = func() {
+	c, err := build(cfg, func() {
 		// The connection dies after the commit and before the ack.
 		if severed.CompareAndSwap(false, true) {
 			proxy.Sever()
 			time.Sleep(100 * time.Millisecond) // let the client notice
 		}
-	}
+	})
+	require.NoError(t, err)
+	c.Handle(e.effectHandler())
 	start(t, c)
 	waitFor(t, 30*time.Second, "redelivery acked as duplicate", func() bool { return c.Stats().Duplicates == 1 })
 	require.Equal(t, map[string]int{"m-1": 1}, e.effects())

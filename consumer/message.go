@@ -50,9 +50,6 @@ func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error)
 // dead-lettered with reason "missing_message_id".
 type IDFunc func(m *Message) (string, error)
 
-// idFromProperty uses the message-id property. It is the default.
-func idFromProperty(m *Message) (string, error) { return m.MessageID, nil }
-
 // IDFromHeader uses the string header name.
 func IDFromHeader(name string) IDFunc {
 	return func(m *Message) (string, error) {
@@ -101,9 +98,6 @@ func IDFromPayloadHash(m *Message) (string, error) {
 
 // HashFunc computes the payload hash stored in the inbox.
 type HashFunc func(body []byte) (idem.Hash, error)
-
-// hashRaw hashes the raw body bytes (SHA-256). It is the default.
-func hashRaw(body []byte) (idem.Hash, error) { return idem.HashBytes(body), nil }
 
 // HashCanonicalJSON hashes the canonical form of a JSON body, so a payload
 // that was re-serialised (keys reordered, whitespace, 1.0 vs 1) is not a

@@ -71,7 +71,7 @@ func (e *Engine) attempt(ctx context.Context, items []*Item, p *rules, pl *plan,
 	if err := b.runHandlers(ctx, runnable, decisions); err != nil {
 		return nil, err
 	}
-	if p.readOnly() {
+	if p.inbox == inboxLook {
 		return b.results, nil // end rolls back
 	}
 	if err := b.commit(ctx); err != nil {
@@ -168,7 +168,7 @@ const checkInterval = time.Second
 func (e *Engine) beginSQL(conn *pgxpool.Conn, p *rules, pl *plan) string {
 	var sb strings.Builder
 	sb.WriteString("BEGIN")
-	if p.readOnly() {
+	if p.inbox == inboxLook {
 		sb.WriteString(" READ ONLY")
 	}
 	setMillis := func(name string, d time.Duration) {
@@ -177,7 +177,7 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, p *rules, pl *plan) string {
 		sb.WriteString(" = ")
 		sb.WriteString(strconv.FormatInt(max(d.Milliseconds(), 1), 10))
 	}
-	if p.gate != 0 || !p.readOnly() {
+	if p.gate != 0 || p.inbox != inboxLook {
 		setMillis("lock_timeout", e.cfg.HandlerTimeout)
 	}
 	if p.gate != 0 {
@@ -188,7 +188,7 @@ func (e *Engine) beginSQL(conn *pgxpool.Conn, p *rules, pl *plan) string {
 		sb.WriteString(strconv.FormatInt(p.gate, 10))
 		sb.WriteString(")")
 	}
-	if !p.readOnly() {
+	if p.inbox != inboxLook {
 		// The consumer's batch lock, shared by the batches of every process:
 		// a batch of a process whose batches conflict with other processes'
 		// (see governor) takes it exclusively, and so runs alone, queued
@@ -270,7 +270,7 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 		}
 	}
 	order := slices.Clone(runnable)
-	if !b.rules.readOnly() {
+	if b.rules.inbox != inboxLook {
 		slices.SortStableFunc(order, func(i, j int) int { return strings.Compare(b.items[i].ID, b.items[j].ID) })
 	}
 	claims := make([]inbox.Claim, len(order))
@@ -298,7 +298,7 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 // decide claims the messages in the inbox, or, read-only, looks them up.
 func (e *Engine) decide(ctx context.Context, tx pgx.Tx, claims []inbox.Claim, p *rules, pl *plan) ([]inbox.Result, error) {
 	switch {
-	case p.readOnly():
+	case p.inbox == inboxLook:
 		return e.inbox.LookupClaims(ctx, tx, claims)
 	case pl.newClaims:
 		return e.inbox.ClaimNewBatch(ctx, tx, claims)
@@ -328,7 +328,7 @@ func (b *batch) commit(ctx context.Context) error {
 			return failed(err)
 		}
 	}
-	if b.e.hasRecords(b.rules, b.items, b.results) {
+	if b.hasRecords() {
 		if err := b.e.writeRecords(ctx, b.tx, b.scope, b.rules, b.items, b.results); err != nil {
 			return failed(err)
 		}
@@ -354,6 +354,22 @@ func (b *batch) commit(ctx context.Context) error {
 		b.rules.afterCommit()
 	}
 	return nil
+}
+
+// hasRecords reports whether the batch has rows to write besides the inbox
+// (see writeRecords): a dead letter, or with a retry queue a failed attempt
+// or the attempts row of a message settled for good.
+func (b *batch) hasRecords() bool {
+	for i, r := range b.results {
+		switch {
+		case r.Outcome == idem.DeadLettered:
+			return true
+		case !b.rules.retryQueue:
+		case r.Outcome == idem.Retried, b.items[i].row != nil && r.Outcome.Final():
+			return true
+		}
+	}
+	return false
 }
 
 // watch is what the supervisor of an attempt knows about it: which handler

@@ -20,42 +20,56 @@
 //
 // # The path of a message
 //
-// A new message from a queue, on its way to success, is read in eight files,
-// none entered more than twice, in this order:
+// A new message from a queue, on its way to success, runs in eight files
+// of the runtime, from the moment its delivery is on the channel until it
+// is acked and counted, none entered by a call more than twice (make path
+// measures it):
 //
-//  1. consumer/consumer.go: Consumer.Run hands the queue to its source.
-//  2. internal/queuesource/source.go: Source.Run keeps a broker session;
-//     serve's router takes each delivery off the channel (burst).
-//  3. internal/queuesource/window.go: take puts the delivery in the
+//  1. internal/queuesource/source.go: the session's router takes each
+//     delivery off the channel (burst).
+//  2. internal/queuesource/window.go: take puts the delivery in the
 //     session's window of unsettled deliveries: the acker will ack it, the
-//     gate counts its bytes. Back in burst, each delivery becomes its
+//     gate counts its bytes. Back in burst, message makes it its
 //     idem.Message.
-//  4. internal/engine/engine.go: PrepareAll derives each message's identity
-//     (hash, id, business key) or its rejection, and wraps it in an Item.
-//     Back in source.go, route hands it to a worker (by ordering key), the
-//     worker collects a batch and runBatch calls Engine.Run.
-//  5. internal/engine/run.go: Run admits the batch (the governor), runs it
-//     once (once, the cheapest way that works) under a supervisor
-//     (supervised) and retries or splits a batch whose transaction fails.
-//  6. internal/engine/attempt.go: attempt is the transaction: begin, claim
-//     the ids (inbox/claim.go: ClaimNewBatch), runHandlers, commit, end.
+//  3. internal/engine/engine.go: PrepareAll derives each message's identity
+//     (derive: hash, id, business key) or its rejection, and wraps it in an
+//     Item. Back in source.go, route hands it to a worker (by ordering key),
+//     the worker collects a batch and runBatch calls Engine.Run with the
+//     queue's policy.
+//  4. internal/engine/run.go: Run turns the policy into the batch's rules
+//     (policy.go: Queue.rules, the one call into that file), admits the
+//     batch (the governor), runs it once (once, the cheapest way that
+//     works) on a goroutine of its own under a supervisor (supervised), and
+//     retries or splits a batch whose transaction fails.
+//  5. internal/engine/attempt.go: attempt is the transaction: newBatch,
+//     begin (beginSQL: lock bounds, the batch lock), decideFixed, claim.
+//  6. inbox/claim.go: ClaimNewBatch checks the claims and inserts them with
+//     one statement. Back in attempt.go, claim hands the decisions on.
 //  7. internal/engine/handlers.go: runHandlers runs each new message's
-//     handler under its deadline (call), through the guarded transaction
-//     (handlerTx), and decides its result.
-//     Back in attempt.go, commit flushes what the handlers deferred and
-//     commits; end releases the rows the batch wrote (handlers.go again:
-//     writeKeys) and the connection.
-//  8. internal/queuesource/window.go again: settle acks the batch (one
-//     multiple ack when it can) and gives its bytes back; engine.go again:
-//     Count adds the results to the counters and metrics.
+//     handler under its deadline (runOne, call, handle), through the
+//     guarded transaction (handlerTx), and decides its result. Back in
+//     attempt.go, commit flushes what the handlers deferred, writes the
+//     records a failure leaves (hasRecords) and commits; end closes the
+//     spans and releases the rows the batch wrote and the connection.
+//     Back in run.go, supervised and the governor let the batch go.
+//  8. internal/queuesource/window.go again: back in source.go, runBatch
+//     calls settle, which acks the batch (one multiple ack when it can) and
+//     gives its bytes back; engine.go again: Count adds the results to the
+//     counters and metrics.
 //
-// A handler that defers its writes (consumer.Defer) adds its own calls to
-// consumer/defer.go and deferred.go; a duplicate takes the claim's second
-// statement (ClaimBatch); a failure goes through records.go (dead-letter
-// rows, attempt counts) and queuesource/copies.go (the retry or dead-letter
-// copy). A stream or a replay enters run.go through RunOrdered (ordered.go).
-// A partitioned queue (queuesource/partitioned.go) runs step 2 once per
-// partition its process holds, each a Source of its own.
+// Besides these, the path calls value methods of package idem (HashBytes,
+// Outcome.Final and Copied, the Deferred writes), internal/sqltext (the
+// guard reads each handler statement's first word) and internal/amqpconn
+// (the ack's write deadline). Before the path, the AMQP client's reader
+// reads the socket through the session's gate (window.go: gatedConn).
+//
+// A handler that defers its writes (consumer.Defer) adds the flush of
+// package idem's Deferred; a duplicate takes the claim's second statement
+// (ClaimBatch); a failure goes through records.go (dead-letter rows,
+// attempt counts) and queuesource/copies.go (the retry or dead-letter
+// copy). A stream or a replay enters run.go through RunOrdered
+// (ordered.go). A partitioned queue (queuesource/partitioned.go) runs step
+// 1 once per partition its process holds, each a Source of its own.
 package engine
 
 import (
@@ -104,9 +118,11 @@ type Config struct {
 	Handler func(ctx context.Context, tx pgx.Tx, m *idem.Message) error
 	// BatchHandler, when set, runs all of a batch's new messages at once.
 	BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*idem.Message) error
-	// Hash computes a message's payload hash.
+	// Hash computes a message's payload hash. Default: the SHA-256 of the
+	// body (idem.HashBytes).
 	Hash func(body []byte) (idem.Hash, error)
-	// MessageID derives a message's identity.
+	// MessageID derives a message's identity. Default: its message-id
+	// property.
 	MessageID func(m *idem.Message) (string, error)
 	// BusinessKey, when set, derives a message's business key.
 	BusinessKey func(m *idem.Message) (string, error)
@@ -274,12 +290,19 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 		e.tel.Limit("headers")
 		return reject(deadletters.ReasonTooManyHeaders, fmt.Errorf("message has %d headers, limit is %d", len(m.Headers), e.cfg.MaxHeaders))
 	}
-	h, err := e.cfg.Hash(m.Body)
-	if err != nil {
-		return reject(deadletters.ReasonDecodeError, fmt.Errorf("hash payload: %w", err))
+	if e.cfg.Hash == nil {
+		m.Hash = idem.HashBytes(m.Body)
+	} else {
+		h, err := e.cfg.Hash(m.Body)
+		if err != nil {
+			return reject(deadletters.ReasonDecodeError, fmt.Errorf("hash payload: %w", err))
+		}
+		m.Hash = h
 	}
-	m.Hash = h
-	id, err := e.cfg.MessageID(m)
+	id, err := m.MessageID, error(nil)
+	if e.cfg.MessageID != nil {
+		id, err = e.cfg.MessageID(m)
+	}
 	switch {
 	case err != nil:
 		return reject(deadletters.ReasonInvalidMessageID, err)

@@ -33,7 +33,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 		it, d := b.items[i], decisions[i]
 		if b.stopAt >= 0 && i > b.stopAt {
 			b.results[i] = Result{Outcome: idem.Held}
-			if d.Decision == inbox.NewMessage && !b.rules.readOnly() {
+			if d.Decision == inbox.NewMessage && b.rules.inbox != inboxLook {
 				b.unclaim = append(b.unclaim, it.ID)
 			}
 			continue
@@ -49,7 +49,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 			}
 			rerunIDs[it.ID] = true // a second copy in the batch is a duplicate of this run
 		}
-		if d.Decision != inbox.NewMessage && !b.rules.readOnly() && !rerun {
+		if d.Decision != inbox.NewMessage && b.rules.inbox != inboxLook && !rerun {
 			b.results[i] = notRun(it, d)
 			continue
 		}
@@ -169,7 +169,7 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 		b.done[i] = true
 		return nil
 	}
-	if c := b.htx.contention; (c != nil || isContention(herr)) && !b.rules.readOnly() {
+	if c := b.htx.contention; (c != nil || isContention(herr)) && b.rules.inbox != inboxLook {
 		if c == nil {
 			c = herr
 		}
@@ -184,7 +184,7 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	if err != nil {
 		return failed(fmt.Errorf("rollback to savepoint after handler error %v: %w", herr, err))
 	}
-	if d.Decision == inbox.NewMessage && !b.rules.readOnly() {
+	if d.Decision == inbox.NewMessage && b.rules.inbox != inboxLook {
 		b.unclaim = append(b.unclaim, it.ID)
 	}
 	r := b.e.classify(it, herr)
@@ -246,7 +246,7 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	}
 	conn := b.tx.Conn()
 	status := conn.PgConn().TxStatus()
-	b.ended = !conn.IsClosed() && (status == 'I' || b.replacedTx(ctx, status))
+	b.ended = !conn.IsClosed() && (status == 'I' || b.htx.raw && status == 'T' && b.replacedTx(ctx))
 	switch {
 	case timedOut:
 		return nil, exclude(b.e.classify(it, &idem.TimeoutError{Limit: b.e.cfg.HandlerTimeout}))

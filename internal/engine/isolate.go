@@ -29,7 +29,7 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, q Queue) Result {
 	scope := p.scope
 	fixed := make([]Result, 1)
 	marked := false
-	if it.Reject == nil && it.ID != "" && !p.readOnly() {
+	if it.Reject == nil && it.ID != "" && p.inbox != inboxLook {
 		crashes, err := e.markStart(ctx, scope, it)
 		if err != nil {
 			e.cfg.Logger.Warn("could not mark a suspect message before running it alone; leaving it for redelivery",

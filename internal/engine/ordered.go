@@ -49,7 +49,7 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 	for attempt := 1; ; attempt++ {
 		batch := pending
 		results := e.run(work, batch, &p, make([]Result, len(batch)), false)
-		if !p.readOnly() {
+		if p.inbox != inboxLook {
 			e.Count(work, results)
 		}
 		pending = nil
@@ -59,7 +59,7 @@ func (e *Engine) RunOrdered(ctx, work context.Context, items []*Item, o Ordered)
 				return fmt.Errorf("engine: batch at offset %d: %w", batch[i].Offset, r.Err)
 			case r.Outcome == idem.Held:
 				pending = append(pending, batch[i]) // its turn comes after the retried one
-			case r.Outcome == idem.Retried && !p.readOnly():
+			case r.Outcome == idem.Retried && p.inbox != inboxLook:
 				it := batch[i]
 				e.cfg.Logger.Info("handler failed, retrying in place", "offset", it.Offset,
 					"message_id", shortID(it.ID), "attempt", it.Attempt, "error", r.Err)

@@ -165,9 +165,6 @@ const (
 	inboxRerun
 )
 
-// readOnly reports a forensic batch: nothing it does is kept.
-func (r *rules) readOnly() bool { return r.inbox == inboxLook }
-
 // plan is how one attempt runs.
 type plan struct {
 	savepoints  bool          // a savepoint per handler

@@ -117,22 +117,6 @@ func (e *Engine) lookupAttempts(ctx context.Context, tx pgx.Tx, scope string, it
 	return nil
 }
 
-// hasRecords reports whether a batch has rows to write besides the inbox:
-// a dead letter, or with a retry queue a failed attempt or the attempts row
-// of a message settled for good.
-func (e *Engine) hasRecords(p *rules, items []*Item, results []Result) bool {
-	for i, r := range results {
-		switch {
-		case r.Outcome == idem.DeadLettered:
-			return true
-		case !p.retryQueue:
-		case r.Outcome == idem.Retried, items[i].row != nil && r.Outcome.Final():
-			return true
-		}
-	}
-	return false
-}
-
 // writeRecords writes, in one round trip, the batch's dead-letter rows and
 // attempt counts: a failed attempt of a retried message, the rows of
 // messages settled for good deleted.

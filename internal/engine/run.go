@@ -47,7 +47,7 @@ func (e *Engine) runWithoutRetries(ctx context.Context, items []*Item, p *rules)
 			fixed[ex.index] = ex.result // decided; the others run again without it
 			continue
 		}
-		if err == nil && !p.readOnly() {
+		if err == nil && p.inbox != inboxLook {
 			e.Count(ctx, res)
 		}
 		return res, err
@@ -184,6 +184,9 @@ func (e *Engine) supervised(ctx context.Context, items []*Item, p *rules, pl *pl
 		}
 	}
 }
+
+// moved records that an attempt made progress.
+func (v *Vitals) moved() { v.progress.Store(time.Now().UnixNano()) }
 
 // started records that an attempt starts: work that starts after a quiet
 // spell starts the stall clock, unless attempts are failing (a retry after

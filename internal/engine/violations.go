@@ -72,12 +72,10 @@ func transactionID(ctx context.Context, q interface {
 	return *xid
 }
 
-// replacedTx reports whether a handler that took the raw connection left
-// another transaction open than the batch's ("COMMIT; BEGIN").
-func (b *batch) replacedTx(ctx context.Context, status byte) bool {
-	if !b.htx.raw || status != 'T' {
-		return false
-	}
+// replacedTx reports whether a handler that took the raw connection and
+// left a transaction open left another one than the batch's ("COMMIT;
+// BEGIN").
+func (b *batch) replacedTx(ctx context.Context) bool {
 	// Read even after a shutdown began: the answer decides whether the
 	// batch's claims need repair.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.e.cfg.CommitTimeout)

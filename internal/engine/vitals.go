@@ -47,9 +47,6 @@ func (v *Vitals) Failing(limit time.Duration) (time.Duration, string, bool) {
 // SetTrouble records why the source is not connected ("" clears it).
 func (v *Vitals) SetTrouble(why string) { v.Trouble.Store(&why) }
 
-// moved records that an attempt made progress.
-func (v *Vitals) moved() { v.progress.Store(time.Now().UnixNano()) }
-
 // Stalled reports how long attempts in flight have made no progress, when
 // that is longer than limit: the engine is wedged, or every attempt fails.
 func (v *Vitals) Stalled(limit time.Duration) (time.Duration, bool) {

@@ -72,15 +72,6 @@ func (s *session) kill(why error) {
 	})
 }
 
-func (s *session) alive() bool {
-	select {
-	case <-s.dead:
-		return false
-	default:
-		return true
-	}
-}
-
 // close ends the session: the gate opens (closing needs the broker's
 // answer on the consume connection) and both connections close.
 func (s *session) close() {

@@ -524,3 +524,13 @@ func (a *acker) ackEach() error {
 	}
 	return nil
 }
+
+// alive reports that the session has not died.
+func (s *session) alive() bool {
+	select {
+	case <-s.dead:
+		return false
+	default:
+		return true
+	}
+}

@@ -3,9 +3,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 )
 
 // Sentinels for invalid claims and options. They arrive wrapped in a
@@ -57,55 +55,6 @@ func (e *ValidationError) Error() string {
 
 // Unwrap returns the sentinel, for errors.Is.
 func (e *ValidationError) Unwrap() error { return e.Err }
-
-// validate checks c; i is its position in a batch.
-func (ib *Inbox) validate(i int, c *Claim) error {
-	bad := func(field string, err error, detail string) error {
-		return &ValidationError{Index: i, Field: field, Err: err, Detail: detail}
-	}
-	if err := ib.validateKey(i, c.Consumer, c.MessageID); err != nil {
-		return err
-	}
-	if c.PayloadHash.IsZero() {
-		return bad("PayloadHash", ErrZeroHash, "")
-	}
-	for _, f := range []struct{ name, v string }{{"BusinessKey", c.BusinessKey}, {"Source", c.Source}} {
-		if len(f.v) > ib.maxID {
-			return bad(f.name, ErrInvalidField, fmt.Sprintf("%d bytes, limit %d", len(f.v), ib.maxID))
-		}
-		if !isText(f.v) {
-			return bad(f.name, ErrInvalidField, fmt.Sprintf("%q is not valid UTF-8 text without NUL", f.v))
-		}
-	}
-	return nil
-}
-
-// validateKey checks the primary key of a claim.
-func (ib *Inbox) validateKey(i int, consumer, messageID string) error {
-	bad := func(field string, err error, detail string) error {
-		return &ValidationError{Index: i, Field: field, Err: err, Detail: detail}
-	}
-	switch {
-	case consumer == "":
-		return bad("Consumer", ErrEmptyConsumer, "")
-	case len(consumer) > ib.maxID:
-		return bad("Consumer", ErrInvalidConsumer, fmt.Sprintf("%d bytes, limit %d", len(consumer), ib.maxID))
-	case !isText(consumer):
-		return bad("Consumer", ErrInvalidConsumer, fmt.Sprintf("%q is not valid UTF-8 text without NUL", consumer))
-	case messageID == "":
-		return bad("MessageID", ErrEmptyMessageID, "")
-	case len(messageID) > ib.maxID:
-		return bad("MessageID", ErrMessageIDTooLong, fmt.Sprintf("%d bytes, limit %d", len(messageID), ib.maxID))
-	case !isText(messageID):
-		return bad("MessageID", ErrInvalidMessageID, fmt.Sprintf("%q is not valid UTF-8 text without NUL", messageID))
-	}
-	return nil
-}
-
-// isText reports whether PostgreSQL's text type can hold s.
-func isText(s string) bool {
-	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
-}
 
 // checkRetention refuses a retention below the floor.
 func checkRetention(olderThan, floor time.Duration) error {
