@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test cluster-bench soak-cluster
+.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test cluster-bench soak-cluster path
 
 # demo: the quickstart worker, then the payments chain
 # (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
@@ -99,3 +99,9 @@ cluster-bench: services
 		-run '^$$' -bench Failover -benchtime 1x -count 3 ./consumer/ || status=$$?; \
 	./scripts/cluster.sh down; \
 	exit $$status
+
+# path: the library files one new queue message runs, delivery to ack, and their count (bench/path).
+path: services
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(GO) build -cover -covermode=atomic -coverpkg=github.com/idemkit/idem/... -o "$$tmp/path" ./bench/path && \
+	GOCOVERDIR="$$tmp" "$$tmp/path" -go $(GO)
