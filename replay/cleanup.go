@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chunked"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // deleteFinishedSQL deletes one chunk of runs finished or abandoned before
@@ -21,7 +22,7 @@ const deleteFinishedSQL = `WITH doomed AS (
 ), audit AS (
 	DELETE FROM {replay_audit} AS a USING gone WHERE a.run_id = gone.run_id RETURNING 1
 ), progress AS (
-	DELETE FROM {checkpoints} AS c USING gone WHERE c.consumer = gone.consumer || '@replay:' || gone.run_id RETURNING 1
+	{delete_checkpoints}
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM audit), (SELECT count(*) FROM progress)`
 
@@ -36,7 +37,7 @@ func DeleteFinishedRuns(ctx context.Context, pool *pgxpool.Pool, tables idem.Tab
 		return 0, 0, 0, fmt.Errorf("replay: %w", err)
 	}
 	sql := strings.NewReplacer("{replay_runs}", tables.Table("replay_runs"), "{replay_audit}", tables.Table("replay_audit"),
-		"{checkpoints}", tables.Table("checkpoints")).Replace(deleteFinishedSQL)
+		"{delete_checkpoints}", store.DeleteCheckpointsSQL(tables, "gone", runScopeSQL("gone"))).Replace(deleteFinishedSQL)
 	n, err := chunked.Delete(ctx, pool, sql, cutoff, chunk, 3)
 	if err != nil {
 		err = fmt.Errorf("replay: delete runs finished before %s: %w", cutoff.Format(time.RFC3339), err)

@@ -151,6 +151,10 @@ func newRunID(now time.Time) string {
 // runScope is the checkpoint scope of run id of consumer name.
 func runScope(name, id string) string { return name + "@replay:" + id }
 
+// runScopeSQL is runScope in SQL, over the consumer and run_id columns of
+// the rows of from.
+func runScopeSQL(from string) string { return from + ".consumer || '@replay:' || " + from + ".run_id" }
+
 // rebuildScope is the private inbox scope of rebuild run id.
 func rebuildScope(name, id string) string { return name + "@rebuild:" + id }
 

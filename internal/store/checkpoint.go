@@ -66,6 +66,15 @@ func MoveCheckpoint(ctx context.Context, tx Execer, tables idem.Tables, scope, s
 	return nil
 }
 
+// DeleteCheckpointsSQL is the body of a data-modifying WITH query that
+// deletes the checkpoints of the scopes scope names, an expression over the
+// rows of the query's earlier part from, and returns 1 per checkpoint
+// deleted. A replay run's clean-up deletes its runs' checkpoints with it, in
+// the statement that deletes the runs.
+func DeleteCheckpointsSQL(tables idem.Tables, from, scope string) string {
+	return `DELETE FROM ` + tables.Table("checkpoints") + ` AS c USING ` + from + ` WHERE c.consumer = ` + scope + ` RETURNING 1`
+}
+
 // StreamLockKey is the advisory lock that makes one process the active
 // reader of a consumer's stream; the others wait as hot standbys. A rebuild
 // replay that hands off to the live consumer takes the same lock.
