@@ -114,3 +114,63 @@ func TestRedriveRefusesAMessageThatEnteredTheDeadLetterQueueBeforeTheHorizon(t *
 		})
 	}
 }
+
+// A dead letter whose message's row is old enough for retention, but not
+// yet deleted, passes the horizon check; a clean-up after the redrive and
+// before the consumer takes the message back would delete the row and let
+// the copy apply as new. Redrive touches the row as it sends the message
+// back, so the clean-up finds it too young, and the conflict comes back as
+// a conflict.
+func TestRedrivenMessageKeepsItsInboxRowThroughACleanUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, "CREATE TABLE "+e.tables.QuotedSchema()+".done (id text, amt int)")
+	require.NoError(t, err)
+	c, err := consumer.New(consumer.Config{AMQPURL: testbroker.URL(), Name: "worker", Pool: e.pool, Queue: e.queue,
+		Tables: e.tables, Logger: quiet(), QueueType: "classic", ShutdownTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	c.Handle(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, d struct{ Amt int }) error {
+		_, err := tx.Exec(ctx, "INSERT INTO "+e.tables.QuotedSchema()+".done VALUES ($1, $2)", m.ID, d.Amt)
+		return err
+	}))
+	require.NoError(t, c.Declare(ctx))
+	count := func(sql string) int {
+		var n int
+		require.NoError(t, e.pool.QueryRow(ctx, sql).Scan(&n))
+		return n
+	}
+	conflicts := "SELECT count(*) FROM " + e.tables.Table("dead_letters") + " WHERE reason = 'payload_conflict'"
+	run := func(until func() bool) {
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(runCtx) }()
+		require.Eventually(t, until, 30*time.Second, 20*time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+	}
+	for _, body := range []string{`{"amt":1}`, `{"amt":999}`} {
+		require.NoError(t, e.ch.PublishWithContext(ctx, "", e.queue, false, false, amqp.Publishing{
+			MessageId: "x1", Body: []byte(body), ContentType: "application/json"}))
+	}
+	run(func() bool { return count(conflicts) == 1 })
+
+	// Eight days pass; retention has not run yet.
+	_, err = e.pool.Exec(ctx, "UPDATE "+e.tables.Table("inbox")+
+		" SET received_at = received_at - interval '8 days', seen_at = seen_at - interval '8 days'")
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, "UPDATE "+e.tables.Table("dead_letters")+" SET dead_lettered_at = dead_lettered_at - interval '8 days'")
+	require.NoError(t, err)
+
+	res, err := deadletters.Redrive(ctx, e.options())
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Moved)
+	ib, err := inbox.New(inbox.Config{Tables: e.tables})
+	require.NoError(t, err)
+	cleaned, err := ib.Cleanup(ctx, e.pool, inbox.CleanupOptions{OlderThan: 7 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.Zero(t, cleaned.Deleted, "the clean-up deleted the row of a message on its way back")
+
+	run(func() bool { return count(conflicts) == 2 })
+	require.Equal(t, 1, count("SELECT count(*) FROM "+e.tables.QuotedSchema()+".done WHERE id = 'x1'"), "x1 applied twice")
+}

@@ -148,7 +148,9 @@ const brokerTimeout = 30 * time.Second
 // an error wrapping inbox.ErrBeyondHorizon that names the horizon. The same
 // holds for a message whose consumer (x-idem-consumer, else
 // opts.Consumer) or dead-lettering time cannot be told.
-// opts.AllowBeyondHorizon moves them anyway.
+// opts.AllowBeyondHorizon moves them anyway. Before it asks, Redrive touches
+// the message's inbox row (inbox.Inbox.Touch): a cleanup that runs while the
+// message is on its way back finds the row too young to delete.
 //
 // Every broker call is bounded in time, and when ctx ends Redrive closes
 // its connection and returns ctx's cause at once: the messages not acked by

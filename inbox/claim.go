@@ -83,11 +83,11 @@ WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin = pg_current_xact_id():
 
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
-	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
-	unclaimBatch                                                        string
-	lookup, stats, cutoff, cleanup, horizon, horizons, deleteScope      string
-	hold, release, held                                                 string
-	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims  string
+	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim   string
+	unclaimBatch                                                          string
+	lookup, stats, cutoff, cleanup, horizon, horizons, deleteScope, touch string
+	hold, release, held                                                   string
+	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims    string
 }
 
 func newStatements(table, horizons, holds string) statements {
@@ -115,6 +115,7 @@ func newStatements(table, horizons, holds string) statements {
 		cutoff:         cutoffSQL,
 		cleanup:        f(cleanupSQL),
 		horizon:        f(horizonSQL),
+		touch:          f(touchSQL),
 	}
 }
 

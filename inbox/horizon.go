@@ -128,3 +128,26 @@ func (ib *Inbox) CheckSeen(ctx context.Context, q Querier, consumer string, at t
 	}
 	return &HorizonError{Horizon: hs[0], At: at}
 }
+
+// touchSQL records a sighting of one row now.
+const touchSQL = `UPDATE %[1]s SET seen_at = now() WHERE consumer = $1 AND message_id = $2`
+
+// Touch records a sighting of messageID in consumer's scope now, as a claim
+// that finds its row does, so that retention keeps the row for its whole
+// OlderThan from now on. A door through which a message comes back later
+// touches its row before it asks the horizon (deadletters.Redrive does): a
+// clean-up that deletes the row first records the horizon that refuses the
+// message, and one that comes after finds the row too young. It reports
+// whether the row exists; a clean-up deleting it meanwhile is waited for.
+// A consumer or message id no row can have (empty, too long, not text)
+// reports false.
+func (ib *Inbox) Touch(ctx context.Context, q Execer, consumer, messageID string) (bool, error) {
+	if ib.validateKey(0, consumer, messageID) != nil {
+		return false, nil
+	}
+	tag, err := q.Exec(ctx, ib.sql.touch, consumer, messageID)
+	if err != nil {
+		return false, fmt.Errorf("inbox: touch %q of %q: %w", messageID, consumer, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

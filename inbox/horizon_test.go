@@ -75,3 +75,34 @@ func TestCleanupRecordsTheHighestForgottenOffsetPerConsumerAndSource(t *testing.
 	require.Equal(t, int64(6), *h.Offset)
 	require.WithinDuration(t, time.Now().Add(-8*day), h.SeenAt, time.Hour)
 }
+
+// Touch records a sighting now: an expired row it touches outlives the next
+// clean-up; a row that does not exist, or a key no row can have, reports
+// false.
+func TestTouchedRowOutlivesTheNextCleanUp(t *testing.T) {
+	t.Parallel()
+	pool, ib, tables := setup(t)
+	ctx := t.Context()
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ib.ClaimBatch(ctx, tx, []inbox.Claim{
+			{Consumer: "a", MessageID: "kept", PayloadHash: hash("kept")},
+			{Consumer: "a", MessageID: "gone", PayloadHash: hash("gone")}})
+		return err
+	}))
+	_, err := pool.Exec(ctx, "UPDATE "+tables.Table("inbox")+" SET received_at = now() - interval '10 days'")
+	require.NoError(t, err)
+
+	found, err := ib.Touch(ctx, pool, "a", "kept")
+	require.NoError(t, err)
+	require.True(t, found)
+	for _, id := range []string{"never", ""} {
+		found, err = ib.Touch(ctx, pool, "a", id)
+		require.NoError(t, err)
+		require.False(t, found, id)
+	}
+	res, err := ib.Cleanup(ctx, pool, inbox.CleanupOptions{OlderThan: 7 * 24 * time.Hour})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Deleted, "only the row not touched goes")
+	_, err = ib.Lookup(ctx, pool, "a", "kept")
+	require.NoError(t, err)
+}

@@ -92,10 +92,11 @@ func (r *runner) process(ctx context.Context, seg *segment, items []*engine.Item
 			return ctx
 		}
 	}
-	if seg.audit {
-		o.BeforeCommit = func(ctx context.Context, tx pgx.Tx, its []*engine.Item, res []engine.Result) error {
-			return r.audit(ctx, tx, its, res)
-		}
+	switch {
+	case seg.audit:
+		o.BeforeCommit = r.audit
+	case o.Mode == idem.Normal && !r.o.AllowBelowHorizon:
+		o.BeforeCommit = r.guardHorizon
 	}
 	if len(seg.scopes) > 0 {
 		o.Checkpoint = func(ctx context.Context, tx pgx.Tx, upTo int64) error {

@@ -80,7 +80,11 @@
 // and its handler could run again. A normal replay refuses, with an error
 // wrapping inbox.ErrBeyondHorizon, a range that starts at or below it —
 // when it starts and when it resumes; start after it, or set
-// Options.AllowBelowHorizon to do it anyway. A rebuild holds its own inbox
+// Options.AllowBelowHorizon to do it anyway. A cleanup may run while a
+// replay reads: each batch transaction asks the horizon again for the first
+// message it claims as new, and a message now below it ends the run, its
+// batch rolled back (a rebuild's catch-up, which claims in the live scope,
+// does the same). A rebuild holds its own inbox
 // scope against retention until it swaps or is abandoned (inbox.Hold), and
 // refuses to resume if rows of it were deleted anyway; its swap keeps the
 // live horizon. A forensic replay reports the messages at or below the

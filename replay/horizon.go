@@ -10,13 +10,16 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/streamio"
 )
 
 // Every mode asks the inbox horizon (inbox.Horizon) before it reads:
 //
 //   - normal: the first record of the range, and on resume the checkpoint,
-//     must be past the live consumer's horizon (checkHorizon);
+//     must be past the live consumer's horizon (checkHorizon), and so must
+//     every message a batch claims as new (guardHorizon), which a rebuild's
+//     catch-up checks too;
 //   - rebuild: the run's own inbox scope is held against retention while
 //     the run may still resume (holdScope), and a run whose scope lost rows
 //     anyway refuses to resume (checkOwnScope); an online rebuild's swap
@@ -42,20 +45,56 @@ func (r *runner) checkHorizon(ctx context.Context, from Position, end int64) err
 	if err != nil || !found {
 		return err
 	}
-	h, forgot, err := r.ib.Horizon(ctx, r.pool, r.cfg.Name, r.o.Stream)
+	if err := r.belowHorizon(ctx, r.pool, &first); err != nil {
+		return fmt.Errorf("replay: the range starts below the inbox horizon: %w; "+
+			"or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)", err)
+	}
+	return nil
+}
+
+// belowHorizon returns an error wrapping inbox.ErrBeyondHorizon when m
+// could have lost its row in the live consumer's inbox: it is at or below
+// the highest offset at which retention forgot a copy, or, where the
+// forgotten rows had no offsets, published no later than the newest
+// forgotten sighting.
+func (r *runner) belowHorizon(ctx context.Context, q inbox.Querier, m *idem.Message) error {
+	h, forgot, err := r.ib.Horizon(ctx, q, r.cfg.Name, r.o.Stream)
 	switch {
 	case err != nil:
 		return fmt.Errorf("replay: %w", err)
 	case !forgot:
 		return nil
 	case h.Offset != nil:
-		err = r.ib.CheckOffset(ctx, r.pool, r.cfg.Name, r.o.Stream, first.Offset)
-	case !first.Timestamp.IsZero():
-		err = r.ib.CheckSeen(ctx, r.pool, r.cfg.Name, first.Timestamp)
+		return r.ib.CheckOffset(ctx, q, r.cfg.Name, r.o.Stream, m.Offset)
+	case !m.Timestamp.IsZero():
+		return r.ib.CheckSeen(ctx, q, r.cfg.Name, m.Timestamp)
 	}
-	if err != nil {
-		return fmt.Errorf("replay: the range starts below the inbox horizon: %w; "+
-			"or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)", err)
+	return nil
+}
+
+// guardHorizon is the last step of each transaction of a batch that claims
+// in the live consumer's scope (a normal replay, a rebuild's catch-up). The
+// run checked the horizon before it read, but a retention clean-up may have
+// run since and deleted rows further on in the range: the first message of
+// the batch that the inbox did not hold, if it is now below the horizon,
+// ends the run, and the transaction rolls back. The check follows the
+// batch's claims in its transaction, so it sees the horizon of any
+// clean-up that deleted a row the batch then claimed as new: the clean-up
+// records it in the statement that deletes the row, and the claim waits for
+// that statement to commit.
+func (r *runner) guardHorizon(ctx context.Context, tx pgx.Tx, items []*engine.Item, results []engine.Result) error {
+	var first *engine.Item
+	for i, it := range items {
+		if results[i].Inbox == inbox.NewMessage && (first == nil || it.Offset < first.Offset) {
+			first = it
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	if err := r.belowHorizon(ctx, tx, first.Message); err != nil {
+		return engine.Stop(fmt.Errorf("replay: message %q at offset %d may have lost its inbox row to a clean-up during the run: %w; "+
+			"to apply it anyway, resume with AllowBelowHorizon (--allow-below-horizon)", first.ID, first.Offset, err))
 	}
 	return nil
 }

@@ -148,6 +148,37 @@ func TestResumedNormalReplayIsRefusedWhenRetentionMovedTheHorizonPastIt(t *testi
 	}
 }
 
+// A clean-up that runs while a normal replay reads deletes rows further on
+// in the replay's range: the replay, which checked the horizon when it
+// started, stops at the first message it would claim as new below the
+// horizon the clean-up moved, instead of applying the forgotten messages a
+// second time.
+func TestNormalReplayStopsWhenACleanUpOvertakesIt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(msgs(0, 10)...)
+	e.runLive(e.consumer(nil, nil), 9)
+	// Offset 0 lost its row without a horizon (as if never processed), so
+	// the replay starts and applies it; while it does, retention forgets
+	// offsets 1..9.
+	_, err := e.pool.Exec(context.Background(), "DELETE FROM "+e.tables.Table("inbox")+` WHERE consumer = 'test' AND stream_offset = 0`)
+	require.NoError(t, err)
+	var forgotten int64
+	h := &handler{e: e, onApply: func() {
+		if forgotten == 0 {
+			forgotten = e.forget(10)
+		}
+	}}
+
+	_, err = Run(context.Background(), e.consumer(h, nil), Options{Mode: idem.Normal, BatchSize: 1})
+	require.ErrorIs(t, err, inbox.ErrBeyondHorizon)
+	require.ErrorContains(t, err, "during the run")
+	require.EqualValues(t, 9, forgotten)
+	for id, n := range e.applied() {
+		require.Equal(t, 1, n, "%s applied again after its row was forgotten", id)
+	}
+}
+
 // ageInbox makes every copy of the rows of scope first seen below offset n
 // look 40 days old.
 func (e *env) ageInbox(scope string, n int64) {

@@ -333,3 +333,29 @@ func TestBatchHandlerThatTimesOutWithTheRawConnectionIsNotTakenForAnEndedTransac
 		require.NotContains(t, strings.ToUpper(sql), "DELETE FROM", "no repair of claims after a timeout: %s", sql)
 	}
 }
+
+// A BeforeCommit that returns a Stop error ends RunOrdered at once: the
+// transaction rolls back, and the batch is neither retried nor split.
+func TestStopFromBeforeCommitEndsTheRunWithoutRetries(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error { return nil }, nil)
+	var items []*Item
+	for i := range 4 {
+		it := item(fmt.Sprintf("m%d", i), 0)
+		it.Offset, it.HasOffset = int64(i), true
+		items = append(items, it)
+	}
+	errRefused := errors.New("refused")
+	var calls atomic.Int32
+	ctx := context.Background()
+	err := f.eng.RunOrdered(ctx, ctx, items, Ordered{RetryBaseDelay: time.Millisecond, RetryMaxDelay: time.Millisecond,
+		BeforeCommit: func(ctx context.Context, tx pgx.Tx, its []*Item, res []Result) error {
+			calls.Add(1)
+			return Stop(errRefused)
+		}})
+	require.ErrorIs(t, err, errRefused)
+	require.EqualValues(t, 1, calls.Load(), "the stopped batch was tried again")
+	var claimed int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("inbox")).Scan(&claimed))
+	require.Zero(t, claimed, "the stopped transaction committed")
+}

@@ -67,7 +67,9 @@ type Ordered struct {
 	// handler.
 	MessageContext func(context.Context, *Item) context.Context
 	// BeforeCommit, when set, runs inside each transaction, after the
-	// engine's writes and before the checkpoint, with the results.
+	// engine's writes and before the checkpoint, with the results. An error
+	// fails the transaction, which is retried; one made with Stop ends the
+	// run instead.
 	BeforeCommit func(ctx context.Context, tx pgx.Tx, items []*Item, results []Result) error
 	// Checkpoint, when set, records inside each batch transaction that every
 	// message up to offset upTo is settled.
@@ -103,6 +105,17 @@ func (o *Ordered) rules(e *Engine, abandon <-chan struct{}) rules {
 	}
 	return r
 }
+
+// Stop marks err, returned by an Ordered.BeforeCommit, as the end of the
+// run: the transaction rolls back, the batch is neither retried nor split,
+// and RunOrdered returns an error that wraps err.
+func Stop(err error) error { return &stopError{err} }
+
+// stopError is an error made with Stop.
+type stopError struct{ err error }
+
+func (e *stopError) Error() string { return e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
 
 // processRules are consumer.Process's rules: claim and run, nothing more.
 func processRules(e *Engine) rules { return rules{scope: e.cfg.Name} }

@@ -79,6 +79,9 @@ func (e *Engine) run(ctx context.Context, items []*Item, p *rules, fixed []Resul
 		if err == nil {
 			return res
 		}
+		if _, stop := errors.AsType[*stopError](err); stop {
+			return unresolved(len(items), err)
+		}
 		e.logRetry(ctx, len(items), attempt, contention, err)
 		if ctx.Err() != nil || closed(p.abandon) {
 			return unresolved(len(items), err)
