@@ -35,6 +35,7 @@ type Queue struct {
 	AfterCommit func()
 }
 
+// rules are q's rules.
 func (q Queue) rules(e *Engine) rules {
 	return rules{scope: e.cfg.Name, retryQueue: true, postpone: !q.Ordered, abandon: q.Abandon, afterCommit: q.AfterCommit}
 }
