@@ -13,6 +13,10 @@
 // deadline from ever firing. A Conn gives every write a deadline, bounds
 // every Call and its Close by a timeout, and closes its socket when its
 // context ends: whatever was pending then returns amqp.ErrClosed.
+//
+// Gate and Gated bound in bytes what a consume connection holds in memory:
+// the socket is not read while the deliveries taken and not yet settled
+// fill the budget.
 package amqpconn
 
 import (

@@ -60,8 +60,8 @@
 // Besides these, the path calls value methods of package idem (HashBytes,
 // Outcome.Final and Copied, the Deferred writes), internal/sqltext (the
 // guard reads each handler statement's first word) and internal/amqpconn
-// (the ack's write deadline). Before the path, the AMQP client's reader
-// reads the socket through the session's gate (window.go: gatedConn).
+// (the ack's write deadline, and the session's gate, through which the AMQP
+// client's reader read the delivery off the socket).
 //
 // A handler that defers its writes (consumer.Defer) adds the flush of
 // package idem's Deferred; a duplicate takes the claim's second statement

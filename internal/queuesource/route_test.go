@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/amqpconn"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/testdb"
 )
@@ -26,7 +27,7 @@ func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
 	eng, err := engine.New(engine.Config{Name: "test", Pool: testdb.Pool(t)}) // routing counts redeliveries
 	require.NoError(t, err)
 	src := New(Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key}, eng)
-	s := &session{acks: newAcker(noAcks{}, 100), gate: newGate(1 << 20), dead: make(chan struct{})}
+	s := &session{acks: newAcker(noAcks{}, 100), gate: amqpconn.NewGate(1 << 20), dead: make(chan struct{})}
 	r := &router{src: src, s: s, key: key, suspects: make(chan *delivery, 100)}
 	for range 4 {
 		r.inputs = append(r.inputs, make(chan *delivery, 100))

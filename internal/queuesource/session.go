@@ -33,7 +33,7 @@ type session struct {
 	pubSock net.Conn // pubConn's socket
 	pub     *publisher
 	acks    *acker // settles ch's deliveries
-	gate    *gate
+	gate    *amqpconn.Gate
 	dead    chan struct{}
 	once    sync.Once
 	why     error           // why the session was killed; set before dead closes
@@ -76,7 +76,7 @@ func (s *session) kill(why error) {
 // answer on the consume connection) and both connections close.
 func (s *session) close() {
 	s.kill(errors.New("session closed"))
-	s.gate.release()
+	s.gate.Release()
 	deadline := time.Now().Add(closeTimeout)
 	_ = s.conn.CloseDeadline(deadline)
 	_ = s.pubConn.CloseDeadline(deadline)
@@ -117,7 +117,7 @@ var ErrFatal = errors.New("fatal broker error")
 // hangs. Each node's TCP connect and AMQP handshake are bounded by
 // dialTimeout, and end early when ctx does. A refusal that dialling again
 // cannot change (credentials, a vhost that does not exist) is ErrFatal.
-func (src *Source) dial(ctx context.Context, name string, g *gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
+func (src *Source) dial(ctx context.Context, name string, g *amqpconn.Gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	conn, sock, node, err := amqpconn.DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
@@ -128,7 +128,7 @@ func (src *Source) dial(ctx context.Context, name string, g *gate, urls []string
 			// instead of blocking a worker for good.
 			c = amqpconn.WriteDeadline(c, src.cfg.CommitTimeout)
 			if g != nil {
-				c = gated(c, g)
+				c = amqpconn.Gated(c, g)
 			}
 			return c
 		})
@@ -177,7 +177,7 @@ func fatal(err error) bool {
 // broker call is bounded by CommitTimeout and ends with ctx (brokerCall);
 // the session's batches run on a context derived from work.
 func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
-	g := newGate(src.cfg.MaxBufferedBytes)
+	g := amqpconn.NewGate(src.cfg.MaxBufferedBytes)
 	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, g, src.cfg.AMQPURLs)
 	if err != nil {
 		return nil, err
@@ -187,7 +187,7 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 	defer func() {
 		if err != nil {
 			s.cancel(err)
-			g.release()
+			g.Release()
 			_ = conn.Close()
 			if s.pubConn != nil {
 				_ = s.pubConn.Close()

@@ -285,7 +285,7 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 // sent is counted. On shutdown the consumer of a queue is cancelled,
 // synchronously; a partition's is not (see below).
 func (src *Source) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
-	s.gate.release() // what follows needs the broker's answers
+	s.gate.Release() // what follows needs the broker's answers
 	go func() {      // owned: ends when the session's connection closes
 		for range deliveries { // left unacked: the broker requeues them on close
 		}

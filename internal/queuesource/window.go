@@ -3,7 +3,6 @@ package queuesource
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,8 +16,9 @@ import (
 
 // The window of a session is its deliveries that are not settled yet: a
 // delivery enters it when the router takes it (take) and leaves it when its
-// batch is settled with the broker (settle). The gate bounds the window in
-// bytes, the acker settles it with as few frames as it can.
+// batch is settled with the broker (settle). The gate (amqpconn.Gate, under
+// the consume connection's socket) bounds the window in bytes, the acker
+// settles it with as few frames as it can.
 
 // take puts delivery d, which src's router took off the channel, in the
 // session's window: the acker will settle its tag (registered before any
@@ -26,8 +26,8 @@ import (
 // settled.
 func (s *session) take(src *Source, d *amqp.Delivery) {
 	s.acks.deliver(d.DeliveryTag)
-	s.gate.take(len(d.Body))
-	src.held.Store(s.gate.heldBytes())
+	s.gate.Take(len(d.Body))
+	src.held.Store(s.gate.Held())
 }
 
 // settle tells the broker what became of each message, after the batch's
@@ -50,9 +50,9 @@ func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, re
 	}
 	defer func() {
 		for _, d := range batch {
-			s.gate.give(len(d.d.Body))
+			s.gate.Give(len(d.d.Body))
 		}
-		src.held.Store(s.gate.heldBytes())
+		src.held.Store(s.gate.Held())
 		src.eng.Count(ctx, countable(results, stored)) // once the broker has been told
 	}()
 	out, outIdx := src.outgoing(batch, results)
@@ -162,157 +162,6 @@ func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, store
 func (src *Source) dropAcks(ctx context.Context, n int) {
 	src.eng.Telemetry().AcksDropped(ctx, n)
 	src.eng.Counts.AcksDropped.Add(int64(n))
-}
-
-// gate bounds in bytes what the consume connection holds in memory.
-// RabbitMQ ignores basic.qos prefetch-size, and a consumer's prefetch count
-// cannot change once it consumes, so the count alone would let a window of
-// large messages (prefetch × 16 MiB) into memory. The gate sits under the
-// AMQP client, on the connection's socket: once the bodies of the deliveries
-// taken and not yet settled, plus what was read since the last one, reach
-// the budget, it stops reading the socket until a settlement frees room.
-// The broker then waits on TCP flow control; nothing is lost or reordered.
-// It always lets the next delivery in while nothing is held, so a single
-// message larger than the budget still passes: memory stays below the
-// budget plus one message.
-//
-// Publishing (dead letters, retries, their confirms) runs on a connection
-// of its own, which the gate never blocks; so settling never waits on the
-// gate. Before an RPC that needs the broker's answer on the consume
-// connection (cancel, close) the session opens the gate for good.
-type gate struct {
-	mu      sync.Mutex
-	budget  int64
-	held    int64 // bodies of deliveries taken and not yet settled
-	partial int64 // bytes read from the socket since the last delivery was taken
-	open    bool  // the session ends: never block again
-	changed chan struct{}
-}
-
-func newGate(budget int64) *gate {
-	return &gate{budget: budget, changed: make(chan struct{})}
-}
-
-// take accounts a delivery of n body bytes handed to the workers.
-func (g *gate) take(n int) {
-	g.mu.Lock()
-	g.held += int64(n)
-	g.partial = 0 // what was read since the last delivery was this one
-	g.mu.Unlock()
-}
-
-// give frees the n body bytes of a settled delivery.
-func (g *gate) give(n int) {
-	g.mu.Lock()
-	g.held -= int64(n)
-	g.wake()
-	g.mu.Unlock()
-}
-
-// release opens the gate for good.
-func (g *gate) release() {
-	g.mu.Lock()
-	g.open = true
-	g.wake()
-	g.mu.Unlock()
-}
-
-// heldBytes is what the gate accounts for now.
-func (g *gate) heldBytes() int64 {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.held + g.partial
-}
-
-func (g *gate) wake() {
-	close(g.changed)
-	g.changed = make(chan struct{})
-}
-
-// read accounts n bytes read from the socket.
-func (g *gate) read(n int) {
-	g.mu.Lock()
-	g.partial += int64(n)
-	g.mu.Unlock()
-}
-
-// wait blocks until the socket may be read (or closed is closed, ok false);
-// waited reports whether it blocked at all.
-func (g *gate) wait(closed <-chan struct{}) (waited, ok bool) {
-	g.mu.Lock()
-	for !g.open && g.held > 0 && g.held+g.partial >= g.budget {
-		ch := g.changed
-		g.mu.Unlock()
-		waited = true
-		select {
-		case <-ch:
-		case <-closed:
-			return true, false
-		}
-		g.mu.Lock()
-	}
-	g.mu.Unlock()
-	return waited, true
-}
-
-// gatedConn is the consume connection's socket behind a gate.
-type gatedConn struct {
-	net.Conn
-	gate   *gate
-	closed chan struct{}
-	once   sync.Once
-
-	mu sync.Mutex
-	// readTimeout is the read deadline the AMQP client last set, as a
-	// duration from when it set it: the client rearms it after every frame
-	// (heartbeat timeout), and a wait at the gate must not count against it.
-	readTimeout time.Duration
-}
-
-func gated(c net.Conn, g *gate) *gatedConn {
-	return &gatedConn{Conn: c, gate: g, closed: make(chan struct{})}
-}
-
-func (c *gatedConn) Read(p []byte) (int, error) {
-	waited, ok := c.gate.wait(c.closed)
-	if !ok {
-		return 0, net.ErrClosed
-	}
-	if waited {
-		c.mu.Lock()
-		if d := c.readTimeout; d > 0 {
-			_ = c.Conn.SetReadDeadline(time.Now().Add(d))
-		}
-		c.mu.Unlock()
-	}
-	n, err := c.Conn.Read(p)
-	c.gate.read(n)
-	return n, err
-}
-
-func (c *gatedConn) SetReadDeadline(t time.Time) error {
-	c.remember(t)
-	return c.Conn.SetReadDeadline(t)
-}
-
-func (c *gatedConn) SetDeadline(t time.Time) error {
-	c.remember(t)
-	return c.Conn.SetDeadline(t)
-}
-
-func (c *gatedConn) remember(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if t.IsZero() {
-		c.readTimeout = 0
-		return
-	}
-	c.readTimeout = time.Until(t)
-}
-
-func (c *gatedConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
 }
 
 // ackChannel is the part of *amqp.Channel the acker needs.

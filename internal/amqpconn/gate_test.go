@@ -1,4 +1,4 @@
-package queuesource
+package amqpconn
 
 import (
 	"net"
@@ -9,38 +9,38 @@ import (
 )
 
 func TestGateStopsReadingOnceHeldBytesReachTheBudget(t *testing.T) {
-	g := newGate(100)
+	g := NewGate(100)
 	_, ok := g.wait(nil)
 	require.True(t, ok, "nothing held: read")
-	g.take(60)
+	g.Take(60)
 	g.read(30)
 	waited, _ := waitFor(g, 10*time.Millisecond)
 	require.False(t, waited, "90 of 100: read on")
 	g.read(20)
 	waited, _ = waitFor(g, 10*time.Millisecond)
 	require.True(t, waited, "110 of 100: blocked until a settlement")
-	g.give(60)
+	g.Give(60)
 	_, ok = waitFor(g, time.Second)
 	require.True(t, ok, "room again after the settlement")
 }
 
 func TestGateLetsAMessageLargerThanTheBudgetThroughWhenNothingIsHeld(t *testing.T) {
-	g := newGate(100)
+	g := NewGate(100)
 	g.read(500) // one big message being read
 	waited, _ := waitFor(g, 10*time.Millisecond)
 	require.False(t, waited)
-	g.take(500)
+	g.Take(500)
 	waited, _ = waitFor(g, 10*time.Millisecond)
 	require.True(t, waited, "held over budget: the next message waits")
-	g.give(500)
+	g.Give(500)
 	_, ok := waitFor(g, time.Second)
 	require.True(t, ok)
 }
 
 func TestOpenGateNeverBlocks(t *testing.T) {
-	g := newGate(10)
-	g.take(1000)
-	g.release()
+	g := NewGate(10)
+	g.Take(1000)
+	g.Release()
 	waited, ok := waitFor(g, 10*time.Millisecond)
 	require.False(t, waited)
 	require.True(t, ok)
@@ -49,9 +49,9 @@ func TestOpenGateNeverBlocks(t *testing.T) {
 func TestGatedConnReadReturnsWhenClosedWhileBlocked(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
-	g := newGate(10)
-	g.take(100)
-	c := gated(a, g)
+	g := NewGate(10)
+	g.Take(100)
+	c := Gated(a, g)
 	done := make(chan error, 1)
 	go func() { _, err := c.Read(make([]byte, 8)); done <- err }()
 	time.Sleep(20 * time.Millisecond)
@@ -65,7 +65,7 @@ func TestGatedConnReadReturnsWhenClosedWhileBlocked(t *testing.T) {
 }
 
 // waitFor runs g.wait with a bound: blocked past limit counts as waited.
-func waitFor(g *gate, limit time.Duration) (waited, ok bool) {
+func waitFor(g *Gate, limit time.Duration) (waited, ok bool) {
 	stop := make(chan struct{})
 	res := make(chan [2]bool, 1)
 	go func() { w, o := g.wait(stop); res <- [2]bool{w, o} }()
