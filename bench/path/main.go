@@ -7,7 +7,7 @@
 // It must run as a binary built with coverage of the whole module:
 //
 //	go build -cover -covermode=atomic -coverpkg=github.com/idemkit/idem/... -o /tmp/path ./bench/path
-//	/tmp/path [-rounds 3] [-warmups 2] [-grace 30ms] [-quiet 300ms] [-timeout 30s] [-out DIR]
+//	/tmp/path [-rounds 3] [-warmups 2] [-grace 30ms] [-quiet 300ms] [-timeout 30s] [-out DIR] [-max-stations N]
 //
 // or `make path`, which does both. It runs from the module root, whose
 // sources name the functions of the blocks it reports.
@@ -61,6 +61,7 @@ type options struct {
 	timeout        time.Duration // longest wait for one message to settle
 	out            string        // where the counter snapshots go; empty: a temporary directory, removed
 	goCmd          string        // the go command, for go tool covdata
+	maxStations    int           // fail above this many stations; 0: no limit
 }
 
 func main() {
@@ -104,6 +105,9 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	p.print(os.Stdout)
+	if n := p.stations(); o.maxStations > 0 && n > o.maxStations {
+		return fmt.Errorf("the path runs %d stations, more than -max-stations %d: see the engine's package doc", n, o.maxStations)
+	}
 	return nil
 }
 
@@ -121,6 +125,7 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "longest wait for a message to be counted")
 	fs.StringVar(&o.out, "out", "", "keep the counter snapshots in this directory (default: a temporary one, removed)")
 	fs.StringVar(&o.goCmd, "go", "go", "the go command that runs go tool covdata")
+	fs.IntVar(&o.maxStations, "max-stations", 0, "fail when the path runs more stations than this (0: no limit)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -305,6 +305,17 @@ func before(line, col int, p token.Position) bool {
 	return line < p.Line || line == p.Line && col < p.Column
 }
 
+// stations is how many of the path's files are stations.
+func (p *messagePath) stations() int {
+	n := 0
+	for _, f := range p.files {
+		if f.station != "" {
+			n++
+		}
+	}
+	return n
+}
+
 // print writes the path: the stations, the helpers and the station count.
 func (p *messagePath) print(w io.Writer) {
 	fmt.Fprintf(w, "One new message, delivery -> handler -> commit -> ack -> counted: the library blocks hit in all %d message rounds\n", p.rounds)
