@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // pollEvery is how often a round reads Stats.
@@ -145,14 +146,10 @@ func writeCounters(dir, name string) (string, error) {
 	return snap, nil
 }
 
-// sleep waits for d or until ctx is done.
+// sleep waits for d or until ctx is done, and returns ctx's error then.
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if !retry.Sleep(ctx, d) {
 		return ctx.Err()
 	}
+	return nil
 }
