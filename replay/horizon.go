@@ -78,10 +78,12 @@ func (r *runner) belowHorizon(ctx context.Context, q inbox.Querier, m *idem.Mess
 // run since and deleted rows further on in the range: the first message of
 // the batch that the inbox did not hold, if it is now below the horizon,
 // ends the run, and the transaction rolls back. The check follows the
-// batch's claims in its transaction, so it sees the horizon of any
-// clean-up that deleted a row the batch then claimed as new: the clean-up
-// records it in the statement that deletes the row, and the claim waits for
-// that statement to commit.
+// batch's claims in its READ COMMITTED transaction, so it sees the horizon
+// of a clean-up that deleted a row the batch then claimed as new: the
+// clean-up records it in the statement that deletes the row, and the claim
+// waits for that statement to commit. As at the start, the horizon is the
+// stream's: a row whose copies all came from another source, or a copy at
+// an offset above every one its deleted row recorded, is not refused.
 func (r *runner) guardHorizon(ctx context.Context, tx pgx.Tx, items []*engine.Item, results []engine.Result) error {
 	var first *engine.Item
 	for i, it := range items {

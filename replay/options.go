@@ -24,8 +24,11 @@ import (
 type Options struct {
 	// AllowBelowHorizon lets a normal replay start (or resume) at or below
 	// the inbox horizon, where retention deleted the live consumer's inbox
-	// rows (see inbox.ErrBeyondHorizon): the handler runs again on those
-	// messages. Other modes do not refuse for the horizon. Default: false.
+	// rows (see inbox.ErrBeyondHorizon), and go on when a clean-up moves the
+	// horizon past it during the run; it lets a rebuild's catch-up, which
+	// claims in the live scope, go on likewise: the handler runs again on
+	// those messages. Other modes do not refuse for the horizon. Default:
+	// false.
 	AllowBelowHorizon bool
 
 	// BatchSize is the most messages run in one transaction. Default:

@@ -167,7 +167,11 @@ const checkInterval = time.Second
 // beginSQL is BEGIN with the batch's settings, sent in one round trip.
 func (e *Engine) beginSQL(conn *pgxpool.Conn, p *rules, pl *plan) string {
 	var sb strings.Builder
-	sb.WriteString("BEGIN")
+	// READ COMMITTED whatever the session's default: a claim that waited
+	// for another transaction's row lock, and every statement after it,
+	// must see what that transaction committed (a clean-up's horizon, a
+	// concurrent claim).
+	sb.WriteString("BEGIN ISOLATION LEVEL READ COMMITTED")
 	if p.inbox == inboxLook {
 		sb.WriteString(" READ ONLY")
 	}

@@ -355,7 +355,33 @@ func TestStopFromBeforeCommitEndsTheRunWithoutRetries(t *testing.T) {
 		}})
 	require.ErrorIs(t, err, errRefused)
 	require.EqualValues(t, 1, calls.Load(), "the stopped batch was tried again")
+	_, _, failing := f.eng.Vitals.Failing(0)
+	require.False(t, failing, "a stop is the source's decision, not a failing database")
 	var claimed int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.tables.Table("inbox")).Scan(&claimed))
 	require.Zero(t, claimed, "the stopped transaction committed")
+}
+
+// A batch transaction runs at READ COMMITTED whatever the session's
+// default: its claims, and the statements after them, see what the
+// transactions they waited for committed.
+func TestBatchTransactionsAreReadCommittedWhateverTheSessionDefault(t *testing.T) {
+	t.Parallel()
+	var level string
+	f := newFixture(t, func(ctx context.Context, tx pgx.Tx, it *idem.Message) error {
+		return tx.QueryRow(ctx, "SHOW transaction_isolation").Scan(&level)
+	}, func(cfg *Config) {
+		pc := cfg.Pool.Config().Copy()
+		pc.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		var def string
+		require.NoError(t, pool.QueryRow(context.Background(), "SHOW default_transaction_isolation").Scan(&def))
+		require.Equal(t, "repeatable read", def)
+		cfg.Pool = pool
+	})
+	res := f.eng.Run(context.Background(), []*Item{item("a", 1)}, Queue{})
+	require.Equal(t, []idem.Outcome{idem.Processed}, outcomes(res))
+	require.Equal(t, "read committed", level)
 }

@@ -211,7 +211,8 @@ func (v *Vitals) ended(err error) {
 		v.moved()
 		return
 	}
-	if _, ok := errors.AsType[*batchError](err); ok {
+	_, stopped := errors.AsType[*stopError](err) // the source's decision, not a failing database
+	if _, ok := errors.AsType[*batchError](err); ok && !stopped {
 		v.failing.CompareAndSwap(0, time.Now().UnixNano())
 		why := err.Error()
 		v.failure.Store(&why)
