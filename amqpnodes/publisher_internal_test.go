@@ -27,11 +27,7 @@ func newTestPublisher(t *testing.T) *Publisher {
 func TestPublisherRepublishesANackedMessageThroughANewConnection(t *testing.T) {
 	t.Parallel()
 	ch := testbroker.Channel(t)
-	q := testbroker.Queue(t)
-	// A full queue that rejects publishes: the broker nacks m2 until the
-	// test makes room.
-	_, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"})
-	require.NoError(t, err)
+	q := testbroker.FullQueue(t, ch) // the broker nacks m2 until the test makes room
 	p := newTestPublisher(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -49,7 +45,7 @@ func TestPublisherRepublishesANackedMessageThroughANewConnection(t *testing.T) {
 	flushed := make(chan error, 1)
 	go func() { flushed <- p.Flush(ctx) }()
 	require.Equal(t, 0, <-nacked, "the first round was nacked")
-	_, err = ch.QueuePurge(q, false)
+	_, err := ch.QueuePurge(q, false)
 	require.NoError(t, err)
 	close(room)
 	require.NoError(t, <-flushed)

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/testbroker"
@@ -17,10 +16,7 @@ import (
 func TestOutboxPublishesThroughANewConnectionAfterANack(t *testing.T) {
 	t.Parallel()
 	ch := testbroker.Channel(t)
-	q := testbroker.Queue(t)
-	// A full queue that rejects publishes: the broker nacks the second.
-	_, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"})
-	require.NoError(t, err)
+	q := testbroker.FullQueue(t, ch) // the broker nacks the second publish
 	ex, err := NewAMQPExecutor(AMQPConfig{URL: testbroker.URL()})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, ex.Close()) })

@@ -75,6 +75,18 @@ func Queue(tb testing.TB) string {
 	return name
 }
 
+// FullQueue declares on ch a queue unique to this test (see Queue) that
+// holds one message and rejects what is published to it beyond that: the
+// broker nacks those publishes until a message is taken off it.
+func FullQueue(tb testing.TB, ch *amqp.Channel) string {
+	tb.Helper()
+	q := Queue(tb)
+	if _, err := ch.QueueDeclare(q, false, false, false, false, amqp.Table{"x-max-length": int64(1), "x-overflow": "reject-publish"}); err != nil {
+		tb.Fatalf("testbroker: declare %s: %v", q, err)
+	}
+	return q
+}
+
 // PartitionsAtEnd deletes, when the test ends, what a consumer of queue
 // with n partitions declares beside queue's own (see Queue): the exchange
 // named queue and its partition and retry queues.
