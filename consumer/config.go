@@ -14,7 +14,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/engine"
-	"github.com/idemkit/idem/internal/queuesource"
 )
 
 // Topology says what the consumer does with its queues at start.
@@ -373,20 +372,6 @@ func (c *Config) validate() error {
 func (c *Config) nodes() []string {
 	nodes, _ := amqpurl.Nodes(c.AMQPURL, c.AMQPURLs)
 	return nodes
-}
-
-// sourceConfig is the queue source's part of the configuration.
-func (c *Config) sourceConfig() queuesource.Config {
-	return queuesource.Config{
-		Name: c.Name, AMQPURLs: c.nodes(), ConnectionName: c.ConnectionName, Partitions: c.Partitions,
-		Queue: c.Queue, RetryQueue: c.RetryQueue, DeadLetterQueue: c.DeadLetterQueue, QueueType: c.QueueType,
-		Declare: c.Topology == Declare, Passive: c.Topology == Passive, DeliveryLimit: c.DeliveryLimit,
-		Prefetch: c.Prefetch, Workers: c.Workers, BatchMaxSize: c.BatchMaxSize, BatchMaxWait: c.BatchMaxWait,
-		MaxBufferedBytes: c.MaxBufferedBytes, ReconnectMaxDelay: c.ReconnectMaxDelay,
-		RetryBaseDelay: c.RetryBaseDelay, RetryMaxDelay: c.RetryMaxDelay,
-		CommitTimeout: c.CommitTimeout, ShutdownTimeout: c.ShutdownTimeout, Logger: c.Logger,
-		OrderingKey: c.orderingKey(), AffinityKey: c.affinityKey(),
-	}
 }
 
 // orderingKey is OrderingKey; with Partitions and no OrderingKey, the

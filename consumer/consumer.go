@@ -10,7 +10,6 @@ import (
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/partlease"
-	"github.com/idemkit/idem/internal/queuesource"
 )
 
 // Consumer runs a Handler over a queue. Create it with New, register the
@@ -19,7 +18,7 @@ import (
 type Consumer struct {
 	cfg     Config
 	eng     *engine.Engine
-	src     queueSource // nil without a Queue
+	src     source // nil without a Queue
 	running atomic.Bool
 }
 
@@ -40,27 +39,25 @@ func build(cfg Config, afterCommit func()) (*Consumer, error) {
 	if c.eng, err = engine.New(cfg.engineConfig(cfg.Queue)); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
-	if cfg.Queue != "" {
-		sc := cfg.sourceConfig()
-		sc.AfterCommit = afterCommit
-		c.src = queuesource.New(sc, c.eng)
-		if cfg.Partitions > 0 {
-			lease, err := partlease.New(partlease.Config{
-				Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
-				Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
-			})
-			if err != nil {
-				return nil, fmt.Errorf("consumer: %w", err)
-			}
-			c.src = queuesource.NewPartitioned(sc, c.eng, lease)
+	switch {
+	case cfg.Partitions > 0:
+		lease, err := partlease.New(partlease.Config{
+			Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
+			Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("consumer: %w", err)
 		}
+		c.src = newPartitionedSource(cfg, c.eng, lease, afterCommit)
+	case cfg.Queue != "":
+		c.src = newQueueSource(cfg, c.eng, afterCommit)
 	}
 	return c, nil
 }
 
-// queueSource is what a consumer with a Queue runs: one queue
-// (queuesource.Source) or its partitions (queuesource.Partitioned).
-type queueSource interface {
+// source is what a consumer with a Queue runs: one queue (queueSource) or
+// its partitions (partitionedSource).
+type source interface {
 	Run(ctx context.Context) error
 	Declare(ctx context.Context) error
 	BufferedBytes() int64
@@ -110,7 +107,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 	err := c.src.Run(ctx)
-	if errors.Is(err, queuesource.ErrFatal) {
+	if errors.Is(err, errFatal) {
 		return fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 	}
 	return err

@@ -26,7 +26,7 @@
 //
 // It prints every library file on that path (not tests, bench/, examples/
 // or cmd/) with the functions it ran there, and counts the stations: the
-// files of the runtime packages consumer, internal/queuesource,
+// files of the runtime packages consumer (with its queue source),
 // internal/engine and inbox. The others (the root package's value types,
 // leaf utilities such as internal/sqltext and internal/amqpconn) are listed
 // as helpers and not counted.

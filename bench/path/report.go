@@ -24,7 +24,7 @@ import (
 // stationPackages are the runtime packages whose files count as stations of
 // a message's path, in the order the count names them. Every other library
 // file on the path is a helper.
-var stationPackages = []string{"consumer", "internal/queuesource", "internal/engine", "inbox"}
+var stationPackages = []string{"consumer", "internal/engine", "inbox"}
 
 // block is one coverage block, named by its file (slash-separated, relative
 // to the module root) and where it starts: no two blocks start at the same

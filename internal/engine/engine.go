@@ -25,9 +25,9 @@
 // is acked and counted, none entered by a call more than twice (make path
 // measures it):
 //
-//  1. internal/queuesource/source.go: the session's router takes each
+//  1. consumer/source.go: the session's router takes each
 //     delivery off the channel (burst).
-//  2. internal/queuesource/window.go: take puts the delivery in the
+//  2. consumer/window.go: take puts the delivery in the
 //     session's window of unsettled deliveries: the acker will ack it, the
 //     gate counts its bytes. Back in burst, message makes it its
 //     idem.Message.
@@ -52,7 +52,7 @@
 //     records a failure leaves (hasRecords) and commits; end closes the
 //     spans and releases the rows the batch wrote and the connection.
 //     Back in run.go, supervised and the governor let the batch go.
-//  8. internal/queuesource/window.go again: back in source.go, runBatch
+//  8. consumer/window.go again: back in source.go, runBatch
 //     calls settle, which acks the batch (one multiple ack when it can) and
 //     gives its bytes back; engine.go again: Count adds the results to the
 //     counters and metrics.
@@ -66,10 +66,10 @@
 // A handler that defers its writes (consumer.Defer) adds the flush of
 // package idem's Deferred; a duplicate takes the claim's second statement
 // (ClaimBatch); a failure goes through records.go (dead-letter rows,
-// attempt counts) and queuesource/copies.go (the retry or dead-letter
+// attempt counts) and consumer/copies.go (the retry or dead-letter
 // copy). A stream or a replay enters run.go through RunOrdered
-// (ordered.go). A partitioned queue (queuesource/partitioned.go) runs step
-// 1 once per partition its process holds, each a Source of its own.
+// (ordered.go). A partitioned queue (consumer/partitioned.go) runs step
+// 1 once per partition its process holds, each a queueSource of its own.
 package engine
 
 import (

@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"errors"
@@ -17,10 +17,10 @@ import (
 // again on another node never meets a queue whose home node is down.
 
 // declare sets up the queue, the retry queue and the dead-letter queue on
-// ch, as Config.Declare and Config.Passive say, and returns the channel to
+// ch, as Config.Topology says, and returns the channel to
 // go on with: ch, or a channel opened on conn when moving the retry queue
 // to the queue's type closed ch (see declareRetryQueue).
-func (src *Source) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Channel, error) {
+func (src *queueSource) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Channel, error) {
 	cfg := &src.cfg
 	mainArgs := amqp.Table{
 		"x-queue-type":              cfg.QueueType,
@@ -32,22 +32,22 @@ func (src *Source) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Chann
 		// decide: the broker dead-letters them (x-death reason delivery_limit).
 		mainArgs["x-delivery-limit"] = int64(cfg.DeliveryLimit)
 	}
-	if cfg.Exchange != "" {
+	if src.exchange != "" {
 		// One process at a time consumes a partition: the broker's fence
 		// against two processes both believing they hold it.
 		mainArgs["x-single-active-consumer"] = true
 	}
 	switch {
-	case cfg.Declare:
+	case cfg.Topology == Declare:
 		if _, err := ch.QueueDeclare(cfg.Queue, true, false, false, false, mainArgs); err != nil {
 			return ch, fmt.Errorf("queue %s: %w", cfg.Queue, err)
 		}
-		if cfg.Exchange != "" {
-			if err := declareExchange(ch, cfg.Exchange); err != nil {
+		if src.exchange != "" {
+			if err := declareExchange(ch, src.exchange); err != nil {
 				return ch, err
 			}
-			if err := ch.QueueBind(cfg.Queue, partitionWeight, cfg.Exchange, false, nil); err != nil {
-				return ch, fmt.Errorf("bind %s to %s: %w", cfg.Queue, cfg.Exchange, err)
+			if err := ch.QueueBind(cfg.Queue, partitionWeight, src.exchange, false, nil); err != nil {
+				return ch, fmt.Errorf("bind %s to %s: %w", cfg.Queue, src.exchange, err)
 			}
 		}
 		var err error
@@ -58,15 +58,15 @@ func (src *Source) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Chann
 			return ch, fmt.Errorf("queue %s: %w", cfg.DeadLetterQueue, err)
 		}
 		return ch, nil
-	case cfg.Passive:
+	case cfg.Topology == Passive:
 		for _, q := range []string{cfg.Queue, cfg.RetryQueue, cfg.DeadLetterQueue} {
 			if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
 				return ch, fmt.Errorf("queue %s: %w", q, err)
 			}
 		}
-		if cfg.Exchange != "" {
-			if err := ch.ExchangeDeclarePassive(cfg.Exchange, partitions.ExchangeType, true, false, false, false, nil); err != nil {
-				return ch, fmt.Errorf("exchange %s: %w", cfg.Exchange, err)
+		if src.exchange != "" {
+			if err := ch.ExchangeDeclarePassive(src.exchange, partitions.ExchangeType, true, false, false, false, nil); err != nil {
+				return ch, fmt.Errorf("exchange %s: %w", src.exchange, err)
 			}
 		}
 	}
@@ -93,7 +93,7 @@ func declareExchange(ch *amqp.Channel, name string) error {
 // reject-publish overflow): a retry that expires while the queue has no
 // leader, or as a node goes, is delivered once the queue can take it, and
 // never dropped.
-func (src *Source) retryArgs() amqp.Table {
+func (src *queueSource) retryArgs() amqp.Table {
 	args := amqp.Table{
 		"x-queue-type":              src.cfg.QueueType,
 		"x-dead-letter-exchange":    "",
@@ -115,7 +115,7 @@ func (src *Source) retryArgs() amqp.Table {
 // warning, until a later session finds it empty. Closing ch is how the
 // broker refuses a declaration; the channel returned is the one to go on
 // with.
-func (src *Source) declareRetryQueue(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Channel, error) {
+func (src *queueSource) declareRetryQueue(conn *amqp.Connection, ch *amqp.Channel) (*amqp.Channel, error) {
 	name := src.cfg.RetryQueue
 	_, err := ch.QueueDeclare(name, true, false, false, false, src.retryArgs())
 	var ae *amqp.Error

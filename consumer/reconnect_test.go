@@ -1,4 +1,4 @@
-package queuesource_test
+package consumer_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ import (
 // notStored logs, and returns as the reason to end the session, that the
 // broker returned nReturned retries or dead letters as unroutable and
 // refused nRefused (basic.nack).
-func (src *Source) notStored(nReturned, nRefused int) error {
+func (src *queueSource) notStored(nReturned, nRefused int) error {
 	log := src.cfg.Logger.With("consumer", src.cfg.Name, "retry_queue", src.cfg.RetryQueue,
 		"dead_letter_queue", src.cfg.DeadLetterQueue)
 	var whys []string
@@ -41,7 +41,7 @@ func (src *Source) notStored(nReturned, nRefused int) error {
 
 // logDeadLetter logs why a message is dead-lettered; conflicts loudly, with
 // both hashes.
-func (src *Source) logDeadLetter(it *engine.Item, r engine.Result) {
+func (src *queueSource) logDeadLetter(it *engine.Item, r engine.Result) {
 	if r.Reason == deadletters.ReasonPayloadConflict {
 		src.cfg.Logger.Error("payload conflict: message id reused with a different payload",
 			"consumer", src.cfg.Name, "message_id", safetext.ShortID(it.ID),
@@ -54,7 +54,7 @@ func (src *Source) logDeadLetter(it *engine.Item, r engine.Result) {
 
 // deadLetter logs why d is dead-lettered and returns its copy for the
 // dead-letter queue.
-func (src *Source) deadLetter(d *delivery, r engine.Result) outgoing {
+func (src *queueSource) deadLetter(d *delivery, r engine.Result) outgoing {
 	src.logDeadLetter(d.it, r)
 	p := src.republish(d)
 	p.Headers[deadletters.HeaderReason] = r.Reason
@@ -71,7 +71,7 @@ func (src *Source) deadLetter(d *delivery, r engine.Result) outgoing {
 // retry logs that d's handler failed and returns its copy, parked in the
 // retry queue for its backoff; the queue's dead-letter route brings it back
 // when it expires.
-func (src *Source) retry(d *delivery, r engine.Result) outgoing {
+func (src *queueSource) retry(d *delivery, r engine.Result) outgoing {
 	delay := retry.Backoff(d.it.Attempt, src.cfg.RetryBaseDelay, src.cfg.RetryMaxDelay)
 	src.cfg.Logger.Info("handler failed, retrying", "consumer", src.cfg.Name, "message_id", safetext.ShortID(d.it.ID),
 		"attempt", d.it.Attempt, "retry_in", delay, "error", safetext.Error(r.Err))
@@ -86,7 +86,7 @@ func (src *Source) retry(d *delivery, r engine.Result) outgoing {
 // with the route the broker delivered it by (whatever headers the
 // publisher set under those names). The user id is left out: the broker
 // checks it against the publishing connection's user.
-func (src *Source) republish(d *delivery) amqp.Publishing {
+func (src *queueSource) republish(d *delivery) amqp.Publishing {
 	headers := make(amqp.Table, len(d.d.Headers)+8)
 	for k, v := range d.d.Headers {
 		headers[k] = v

@@ -1,23 +1,25 @@
-// Package queuesource feeds the engine from a RabbitMQ queue: it consumes
-// with manual acks, builds each delivery's idem.Message, routes deliveries to
-// batch workers (by ordering key when there is one), runs redelivered
-// messages alone, and settles each batch with the broker after it committed
-// — acks, nacks, and confirmed publishes to the retry and dead-letter queues.
-// It reconnects with backoff, keeps every delivery tied to the session that
-// delivered it, and bounds in bytes what it holds in memory.
+package consumer
+
+// The queue source: it consumes with manual acks, builds each delivery's
+// Message, routes deliveries to batch workers (by ordering key when there
+// is one), runs redelivered messages alone, and settles each batch with the
+// broker after it committed — acks, nacks, and confirmed publishes to the
+// retry and dead-letter queues. It reconnects with backoff, keeps every
+// delivery tied to the session that delivered it, and bounds in bytes what
+// it holds in memory.
 //
-// A message's path through this package is three rooms: source.go (the
-// session loop, receiving and routing, the workers' batches), window.go
-// (taken into the window of unsettled deliveries; settled out of it), and,
-// only when it fails, copies.go (its retry or dead-letter copy).
-package queuesource
+// A message's path through it is three rooms: source.go (the session loop,
+// receiving and routing, the workers' batches), window.go (taken into the
+// window of unsettled deliveries; settled out of it), and, only when it
+// fails, copies.go (its retry or dead-letter copy). session.go dials and
+// publishes, topology.go declares, partitioned.go runs one queueSource per
+// partition this process holds.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -31,61 +33,42 @@ import (
 	"github.com/idemkit/idem/internal/retry"
 )
 
-// Config configures a Source; the consumer fills in every field.
-type Config struct {
-	Name, ConnectionName                          string
-	Queue, RetryQueue, DeadLetterQueue, QueueType string
-	// Partitions, when above 0, makes Queue the name of a consistent-hash
-	// exchange in front of that many partition queues (see Partitioned);
-	// a Source of one partition has Exchange set to it, binds its Queue to
-	// it and declares its Queue with a single active consumer.
-	Partitions int
-	Exchange   string
-	// AMQPURLs are the broker's nodes: each session dials them in a
-	// shuffled order and keeps the first that answers.
-	AMQPURLs []string
-	// Declare declares the queues at the start of each session; Passive
-	// (without Declare) checks that they exist; neither uses them as they
-	// are.
-	Declare, Passive                 bool
-	DeliveryLimit, Prefetch, Workers int
-	BatchMaxSize                     int
-	BatchMaxWait                     time.Duration
-	MaxBufferedBytes                 int64
-	ReconnectMaxDelay                time.Duration
-	RetryBaseDelay, RetryMaxDelay    time.Duration
-	CommitTimeout, ShutdownTimeout   time.Duration
-	Logger                           *slog.Logger
-	// OrderingKey, when set, keeps messages with one key on one worker, in
-	// order.
-	OrderingKey func(*idem.Message) string
-	// AffinityKey, when set and OrderingKey is not, sends messages with one
-	// key to one worker, so that concurrent batches rarely write the same
-	// rows; unlike OrderingKey it keeps no order (a postponed message runs
-	// later).
-	AffinityKey func(*idem.Message) string
-	// AfterCommit, when set (tests), runs after each commit, before the acks.
-	AfterCommit func()
-}
-
-// Source consumes one queue into an engine.
-type Source struct {
-	cfg    Config
-	eng    *engine.Engine
-	policy engine.Queue // the queue's policy, but its Abandon, which is per session
-	gen    atomic.Uint64
+// queueSource consumes one queue, or one partition of a partitioned queue,
+// into the engine. It reads the consumer's Config directly: an option of
+// the queue is declared, defaulted and checked in config.go and read here.
+type queueSource struct {
+	cfg Config // a partition's names its partition's queues (see partitionedSource.partition)
+	// nodes are the broker's URLs (Config.AMQPURL or AMQPURLs): each
+	// session dials them in a shuffled order and keeps the first that
+	// answers.
+	nodes []string
+	// exchange is set for a partition: the consistent-hash exchange
+	// (Config.Queue) its queue is bound to. Its queue is declared with a
+	// single active consumer.
+	exchange string
+	// orderingKey keeps messages with one key on one worker, in order:
+	// Config.OrderingKey, or with Partitions the routing key.
+	orderingKey func(*Message) string
+	// affinityKey, set when orderingKey is not, sends messages with one key
+	// to one worker, so that concurrent batches rarely write the same rows;
+	// it keeps no order (a postponed message runs later).
+	affinityKey func(*Message) string
+	eng         *engine.Engine
+	policy      engine.Queue // the queue's policy, but its Abandon, which is per session
+	gen         atomic.Uint64
 	// held is the gate's account of the current session, for Stats.
 	held atomic.Int64
-	// connected reports that a session consumes; alone, a Source reports
-	// it in the engine's vitals too (a Partitioned sums its Sources').
+	// connected reports that a session consumes; alone, a queueSource
+	// reports it in the engine's vitals too (a partitionedSource sums its
+	// partitions').
 	connected atomic.Bool
-	// changed, when set (a partition's Source), is told of each change
+	// changed, when set (a partition's queueSource), is told of each change
 	// of connected, instead of the engine's vitals.
 	changed func()
 }
 
 // setConnected records whether a session consumes.
-func (src *Source) setConnected(ok bool) {
+func (src *queueSource) setConnected(ok bool) {
 	src.connected.Store(ok)
 	if src.changed != nil {
 		src.changed()
@@ -94,21 +77,24 @@ func (src *Source) setConnected(ok bool) {
 	src.eng.Vitals.Connected.Store(ok)
 }
 
-// New returns a Source feeding eng.
-func New(cfg Config, eng *engine.Engine) *Source {
-	return &Source{cfg: cfg, eng: eng, policy: engine.Queue{Ordered: cfg.OrderingKey != nil, AfterCommit: cfg.AfterCommit}}
+// newQueueSource returns a queueSource of cfg's Queue feeding eng;
+// afterCommit, when set (tests), runs after each commit, before the acks.
+func newQueueSource(cfg Config, eng *engine.Engine, afterCommit func()) *queueSource {
+	ordering := cfg.orderingKey()
+	return &queueSource{cfg: cfg, nodes: cfg.nodes(), orderingKey: ordering, affinityKey: cfg.affinityKey(), eng: eng,
+		policy: engine.Queue{Ordered: ordering != nil, AfterCommit: afterCommit}}
 }
 
 // BufferedBytes is what the current session holds in memory of deliveries
 // not yet settled.
-func (src *Source) BufferedBytes() int64 { return src.held.Load() }
+func (src *queueSource) BufferedBytes() int64 { return src.held.Load() }
 
 // Run consumes until ctx is cancelled, reconnecting (with capped exponential
 // backoff) whenever a connection or a channel dies. On cancellation it stops
 // consuming, lets the batches in flight commit and settle (on a context
 // detached from ctx, bounded by ShutdownTimeout), leaves deliveries that were
 // never started unacked for the next consumer, closes, and returns nil. It
-// returns an error wrapping ErrFatal for what reconnecting cannot fix.
+// returns an error wrapping errFatal for what reconnecting cannot fix.
 //
 // The backoff runs across sessions: a failed connect and a session that
 // ended without doing any good (see session.worked) both count as a failure,
@@ -116,16 +102,16 @@ func (src *Source) BufferedBytes() int64 { return src.held.Load() }
 // queue that refuses every dead letter) is retried ever more slowly, up to
 // ReconnectMaxDelay. After a session that worked, the next attempt waits as
 // after a first failure.
-func (src *Source) Run(ctx context.Context) (err error) {
+func (src *queueSource) Run(ctx context.Context) (err error) {
 	stopped := src.eng.Started(ctx)
 	defer func() { stopped(err) }()
 	return src.consume(ctx)
 }
 
 // consume is Run without marking the engine started and stopped: a
-// partitioned consumer runs one Source per partition it holds, under one
-// start (see Partitioned).
-func (src *Source) consume(ctx context.Context) error {
+// partitioned consumer runs one queueSource per partition it holds, under one
+// start (see partitionedSource).
+func (src *queueSource) consume(ctx context.Context) error {
 	vitals := &src.eng.Vitals
 	work, stopWork := engine.ShutdownContext(ctx, src.cfg.ShutdownTimeout)
 	defer stopWork()
@@ -134,7 +120,7 @@ func (src *Source) consume(ctx context.Context) error {
 	for failures := 0; ; {
 		s, err := src.connect(ctx, work, src.gen.Add(1))
 		if err != nil {
-			if errors.Is(err, ErrFatal) {
+			if errors.Is(err, errFatal) {
 				log.Error("broker refused the consumer; not retrying", "error", err)
 				return err
 			}
@@ -168,7 +154,7 @@ func (src *Source) consume(ctx context.Context) error {
 			log.Info("broker session ended: shutdown", "generation", s.gen)
 			return nil
 		}
-		if errors.Is(err, ErrFatal) {
+		if errors.Is(err, errFatal) {
 			log.Error("broker session ended; not retrying", "generation", s.gen, "error", err)
 			return err
 		}
@@ -189,15 +175,15 @@ const reconnectBaseDelay = 100 * time.Millisecond
 
 // Declare connects once and sets up the topology as Config.Topology says.
 // Each broker call is bounded by CommitTimeout and ends with ctx.
-func (src *Source) Declare(ctx context.Context) error { return declareAll(ctx, src) }
+func (src *queueSource) Declare(ctx context.Context) error { return declareAll(ctx, src) }
 
 // declareAll connects once, with the first source's configuration, and
-// sets up the topology of each source (see Source.declare), each broker
+// sets up the topology of each source (see queueSource.declare), each broker
 // call bounded by CommitTimeout and ctx. What redeclaring cannot fix wraps
-// ErrFatal.
-func declareAll(ctx context.Context, sources ...*Source) error {
+// errFatal.
+func declareAll(ctx context.Context, sources ...*queueSource) error {
 	src := sources[0]
-	conn, sock, _, err := src.dial(ctx, src.cfg.ConnectionName, nil, src.cfg.AMQPURLs)
+	conn, sock, _, err := src.dial(ctx, src.cfg.ConnectionName, nil, src.nodes)
 	if err != nil {
 		return err
 	}
@@ -209,7 +195,7 @@ func declareAll(ctx context.Context, sources ...*Source) error {
 	for _, s := range sources {
 		if err := src.brokerCall(ctx, sock, func() (err error) { ch, err = s.declare(conn, ch); return err }); err != nil {
 			if fatal(err) {
-				return fmt.Errorf("%w: topology: %v", ErrFatal, err)
+				return fmt.Errorf("%w: topology: %v", errFatal, err)
 			}
 			return fmt.Errorf("topology: %w", err)
 		}
@@ -231,7 +217,7 @@ const routeBurst = 64
 // serve consumes on session s until ctx is cancelled or the session dies.
 // It owns the worker goroutines and the isolation goroutine, and returns
 // only after they stopped; each of them ends within the handler timeout.
-func (src *Source) serve(ctx context.Context, s *session) error {
+func (src *queueSource) serve(ctx context.Context, s *session) error {
 	tag := fmt.Sprintf("%s-%d", src.cfg.ConnectionName, s.gen)
 	sig := s.notifications()
 	var deliveries <-chan amqp.Delivery
@@ -241,15 +227,15 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 	})
 	if err != nil {
 		if fatal(err) {
-			return fmt.Errorf("%w: consume %s: %v", ErrFatal, src.cfg.Queue, err)
+			return fmt.Errorf("%w: consume %s: %v", errFatal, src.cfg.Queue, err)
 		}
 		return fmt.Errorf("consume %s: %w", src.cfg.Queue, err)
 	}
 	src.setConnected(true)
 	r := &router{src: src, s: s, suspects: make(chan *delivery, src.cfg.Prefetch)}
 	r.inputs = make([]chan *delivery, 1)
-	if r.key = src.cfg.OrderingKey; r.key == nil {
-		r.key = src.cfg.AffinityKey
+	if r.key = src.orderingKey; r.key == nil {
+		r.key = src.affinityKey
 	}
 	if r.key != nil {
 		r.inputs = make([]chan *delivery, src.cfg.Workers)
@@ -284,7 +270,7 @@ func (src *Source) serve(ctx context.Context, s *session) error {
 // left unacked) go out one by one while the channel works; what cannot be
 // sent is counted. On shutdown the consumer of a queue is cancelled,
 // synchronously; a partition's is not (see below).
-func (src *Source) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
+func (src *queueSource) finish(ctx context.Context, s *session, tag string, deliveries <-chan amqp.Delivery) {
 	s.gate.Release() // what follows needs the broker's answers
 	go func() {      // owned: ends when the session's connection closes
 		for range deliveries { // left unacked: the broker requeues them on close
@@ -299,7 +285,7 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 	if n := s.acks.unsent(); n > 0 {
 		src.dropAcks(ctx, n)
 	}
-	if s.alive() && src.cfg.Exchange == "" {
+	if s.alive() && src.exchange == "" {
 		// Shutdown: the in-flight batches are acked; now cancel the
 		// consumer. The order matters on RabbitMQ 3.10 quorum queues: acks
 		// that arrive after basic.cancel are ignored, and acks still pending
@@ -326,7 +312,7 @@ func (src *Source) finish(ctx context.Context, s *session, tag string, deliverie
 // router hands deliveries to the workers, and suspects to the isolation
 // goroutine (with an ordering key, to their key's worker: see route).
 type router struct {
-	src      *Source
+	src      *queueSource
 	s        *session
 	key      func(*idem.Message) string // routes to inputs; nil with one input
 	inputs   []chan *delivery
@@ -408,13 +394,13 @@ func (r *router) burst(ctx context.Context, d amqp.Delivery, ok bool, deliveries
 }
 
 // message builds the idem.Message of delivery d, received at received.
-func (src *Source) message(d *amqp.Delivery, received time.Time, m *idem.Message) {
+func (src *queueSource) message(d *amqp.Delivery, received time.Time, m *idem.Message) {
 	*m = idem.Message{
 		MessageID: d.MessageId, Body: d.Body, Headers: map[string]any(d.Headers), ContentType: d.ContentType,
 		CorrelationID: d.CorrelationId, Exchange: d.Exchange, RoutingKey: d.RoutingKey,
 		Redelivered: d.Redelivered, Attempt: 1, Source: src.cfg.Queue, Timestamp: d.Timestamp, ReceivedAt: received,
 	}
-	if n, ok := HeaderInt(d.Headers, "x-delivery-count"); ok && n >= 0 {
+	if n, ok := headerInt(d.Headers, "x-delivery-count"); ok && n >= 0 {
 		m.DeliveryCount = n
 	}
 }
@@ -449,7 +435,7 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 	// key's other messages, which runs it alone in its place (see
 	// runInOrder): run apart, it could be overtaken by a later message of
 	// its key.
-	if !dv.it.Suspect || src.cfg.OrderingKey != nil {
+	if !dv.it.Suspect || src.orderingKey != nil {
 		in = r.inputs[0]
 		if len(r.inputs) > 1 {
 			h := fnv.New32a()
@@ -475,7 +461,7 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 // isSuspect reports a delivery the broker made before: redelivered, or
 // counted by a quorum queue.
 func isSuspect(d *amqp.Delivery) bool {
-	n, _ := HeaderInt(d.Headers, "x-delivery-count")
+	n, _ := headerInt(d.Headers, "x-delivery-count")
 	return d.Redelivered || n > 0
 }
 
@@ -495,7 +481,7 @@ func cameBackFrom(h amqp.Table, queue string) bool {
 // worker takes batches from in and runs them until stop is closed. A batch
 // is what is already buffered, up to BatchMaxSize; when more than one message
 // is waiting it waits up to BatchMaxWait for the batch to fill.
-func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
+func (src *queueSource) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
 	batch := make([]*delivery, 0, src.cfg.BatchMaxSize)
 	var carry []*delivery // postponed by the last batch: they run in this one
 	var timer *time.Timer
@@ -556,7 +542,7 @@ func (src *Source) worker(s *session, in <-chan *delivery, stop <-chan struct{})
 // the messages before it as a batch, then it alone (a redelivery may be a
 // poison message that killed a worker), then the rest. Segments not
 // started when stop closes are left unacked for redelivery.
-func (src *Source) runInOrder(s *session, batch, carry []*delivery, stop <-chan struct{}) []*delivery {
+func (src *queueSource) runInOrder(s *session, batch, carry []*delivery, stop <-chan struct{}) []*delivery {
 	for len(batch) > 0 {
 		i := slices.IndexFunc(batch, func(d *delivery) bool { return d.it.Suspect })
 		if i < 0 {
@@ -577,11 +563,11 @@ func (src *Source) runInOrder(s *session, batch, carry []*delivery, stop <-chan 
 }
 
 // batchLimit is the most messages a worker takes into one batch.
-func (src *Source) batchLimit() int { return src.cfg.BatchMaxSize }
+func (src *queueSource) batchLimit() int { return src.cfg.BatchMaxSize }
 
 // runBatch runs a batch from one session and settles it with the broker;
 // the messages the batch postponed are appended to carry, for the next one.
-func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
+func (src *queueSource) runBatch(s *session, batch, carry []*delivery) []*delivery {
 	items := make([]*engine.Item, len(batch))
 	for i, d := range batch {
 		items[i] = d.it
@@ -605,7 +591,7 @@ func (src *Source) runBatch(s *session, batch, carry []*delivery) []*delivery {
 
 // sessionPolicy is the queue's policy for the batches of session s: their
 // retries stop when it dies.
-func (src *Source) sessionPolicy(s *session) engine.Queue {
+func (src *queueSource) sessionPolicy(s *session) engine.Queue {
 	p := src.policy
 	p.Abandon = s.dead
 	return p
@@ -614,7 +600,7 @@ func (src *Source) sessionPolicy(s *session) engine.Queue {
 // isolate runs suspects one at a time, each alone (engine.RunAlone), until
 // stop is closed. Without an ordering key, nothing orders a suspect after
 // the messages around it.
-func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan struct{}) {
+func (src *queueSource) isolate(s *session, suspects <-chan *delivery, stop <-chan struct{}) {
 	for {
 		select {
 		case <-stop:
@@ -632,14 +618,14 @@ func (src *Source) isolate(s *session, suspects <-chan *delivery, stop <-chan st
 
 // runAlone runs one suspected delivery alone (engine.RunAlone) and settles
 // it.
-func (src *Source) runAlone(s *session, d *delivery) {
+func (src *queueSource) runAlone(s *session, d *delivery) {
 	r := src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))
 	src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
 }
 
-// HeaderInt reads an integer header of any AMQP integer type; other types
+// headerInt reads an integer header of any AMQP integer type; other types
 // (a string x-delivery-count, say) are ignored rather than trusted.
-func HeaderInt(h amqp.Table, key string) (int64, bool) {
+func headerInt(h amqp.Table, key string) (int64, bool) {
 	switch v := h[key].(type) {
 	case int64:
 		return v, true

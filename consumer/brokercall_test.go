@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"context"
@@ -30,15 +30,15 @@ func deafBroker(t *testing.T, class, method uint16) *testbroker.Proxy {
 	return testbroker.NewProxy(t, testbroker.DeafAtMethod(faultproxy.Target, class, method))
 }
 
-// testSource is a Source on queue q through url, without an engine: enough
+// testSource is a queueSource on queue q through url, without an engine: enough
 // to connect, declare and consume.
-func testSource(t *testing.T, url, q string, commitTimeout time.Duration) *Source {
-	return New(Config{
-		Name: "brokercall", AMQPURLs: []string{url}, ConnectionName: "idem-test-" + q,
+func testSource(t *testing.T, url, q string, commitTimeout time.Duration) *queueSource {
+	return newQueueSource(Config{
+		Name: "brokercall", AMQPURL: url, ConnectionName: "idem-test-" + q,
 		Queue: q, RetryQueue: q + ".retry", DeadLetterQueue: q + ".dlq", QueueType: "classic",
-		Declare: true, Prefetch: 10, Workers: 1, BatchMaxSize: 10, MaxBufferedBytes: 1 << 20,
+		Topology: Declare, Prefetch: 10, Workers: 1, BatchMaxSize: 10, MaxBufferedBytes: 1 << 20,
 		CommitTimeout: commitTimeout, Logger: slog.New(slog.DiscardHandler),
-	}, nil)
+	}, nil, nil)
 }
 
 // within runs f and fails the test unless it returns within limit.

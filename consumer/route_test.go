@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"context"
@@ -26,7 +26,7 @@ func TestRouterSendsOneKeyToOneWorkerAndSuspectsToIsolation(t *testing.T) {
 	key := func(m *idem.Message) string { return string(m.Body) }
 	eng, err := engine.New(engine.Config{Name: "test", Pool: testdb.Pool(t)}) // routing counts redeliveries
 	require.NoError(t, err)
-	src := New(Config{Workers: 4, RetryQueue: "q.retry", AffinityKey: key}, eng)
+	src := &queueSource{cfg: Config{Workers: 4, RetryQueue: "q.retry"}, affinityKey: key, eng: eng}
 	s := &session{acks: newAcker(noAcks{}, 100), gate: amqpconn.NewGate(1 << 20), dead: make(chan struct{})}
 	r := &router{src: src, s: s, key: key, suspects: make(chan *delivery, 100)}
 	for range 4 {

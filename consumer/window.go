@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 // session's window: the acker will settle its tag (registered before any
 // later delivery can be settled), the gate counts its body until it is
 // settled.
-func (s *session) take(src *Source, d *amqp.Delivery) {
+func (s *session) take(src *queueSource, d *amqp.Delivery) {
 	s.acks.deliver(d.DeliveryTag)
 	s.gate.Take(len(d.Body))
 	src.held.Store(s.gate.Held())
@@ -43,7 +43,7 @@ func (s *session) take(src *Source, d *amqp.Delivery) {
 // the broker returned or refused a copy, the session ends and the message
 // stays unacked: the broker requeues it when the channel closes, and Run
 // reconnects, with backoff (see Run), declaring the queues again.
-func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, results []engine.Result) {
+func (src *queueSource) settle(ctx context.Context, s *session, batch []*delivery, results []engine.Result) {
 	stored := make([]bool, len(batch))
 	for i, r := range results {
 		stored[i] = r.Outcome.Final() && !r.Outcome.Copied() // copies: once the broker confirmed them
@@ -91,7 +91,7 @@ func (src *Source) settle(ctx context.Context, s *session, batch []*delivery, re
 
 // outgoing builds the copies to publish: dead letters and retries (see
 // copies.go).
-func (src *Source) outgoing(batch []*delivery, results []engine.Result) (out []outgoing, idx []int) {
+func (src *queueSource) outgoing(batch []*delivery, results []engine.Result) (out []outgoing, idx []int) {
 	for i, r := range results {
 		d := batch[i]
 		switch r.Outcome {
@@ -127,7 +127,7 @@ func countable(results []engine.Result, stored []bool) []engine.Result {
 
 // ack acks what is stored and hands back what is not; when notStored, the
 // session ends and what is not stored is left unacked instead.
-func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, stored []bool, notStored bool) {
+func (src *queueSource) ack(ctx context.Context, s *session, batch []*delivery, stored []bool, notStored bool) {
 	acks := make([]uint64, 0, len(batch))
 	var nacks []uint64
 	for i, d := range batch {
@@ -159,7 +159,7 @@ func (src *Source) ack(ctx context.Context, s *session, batch []*delivery, store
 }
 
 // dropAcks counts n settlements skipped because the session died.
-func (src *Source) dropAcks(ctx context.Context, n int) {
+func (src *queueSource) dropAcks(ctx context.Context, n int) {
 	src.eng.Telemetry().AcksDropped(ctx, n)
 	src.eng.Counts.AcksDropped.Add(int64(n))
 }

@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type session struct {
 }
 
 // errSessionDied is the cause of a dead session's context.
-var errSessionDied = errors.New("queuesource: broker session died")
+var errSessionDied = errors.New("consumer: broker session died")
 
 // errNotStored ends a session whose retry or dead-letter copies the broker
 // did not store (returned as unroutable, or refused with a nack): such a
@@ -105,10 +105,10 @@ func (s *session) notifications() signals {
 	}
 }
 
-// ErrFatal marks broker errors that reconnecting cannot fix (wrong
+// errFatal marks broker errors that reconnecting cannot fix (wrong
 // credentials, no access to the vhost or queue, wrong queue arguments):
 // Run returns them.
-var ErrFatal = errors.New("fatal broker error")
+var errFatal = errors.New("fatal broker error")
 
 // dial opens a connection to the first node of urls that answers, in a
 // shuffled order (amqpconn.DialAny); g, when set, gates its socket. It
@@ -116,8 +116,8 @@ var ErrFatal = errors.New("fatal broker error")
 // reads behind the gate): closing it is how brokerCall ends a call that
 // hangs. Each node's TCP connect and AMQP handshake are bounded by
 // dialTimeout, and end early when ctx does. A refusal that dialling again
-// cannot change (credentials, a vhost that does not exist) is ErrFatal.
-func (src *Source) dial(ctx context.Context, name string, g *amqpconn.Gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
+// cannot change (credentials, a vhost that does not exist) is errFatal.
+func (src *queueSource) dial(ctx context.Context, name string, g *amqpconn.Gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
 	conn, sock, node, err := amqpconn.DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
@@ -134,7 +134,7 @@ func (src *Source) dial(ctx context.Context, name string, g *amqpconn.Gate, urls
 		})
 	if err != nil {
 		if errors.Is(err, amqpconn.ErrRefused) {
-			return nil, nil, "", fmt.Errorf("%w: %w", ErrFatal, err)
+			return nil, nil, "", fmt.Errorf("%w: %w", errFatal, err)
 		}
 		return nil, nil, "", err
 	}
@@ -149,7 +149,7 @@ const dialTimeout = 10 * time.Second
 // basic.consume, basic.cancel), bounded by CommitTimeout and ctx (see
 // amqpconn.Bound). The connection is unusable after a call cut short;
 // every caller then ends its session.
-func (src *Source) brokerCall(ctx context.Context, sock net.Conn, call func() error) error {
+func (src *queueSource) brokerCall(ctx context.Context, sock net.Conn, call func() error) error {
 	return amqpconn.Bound(ctx, sock, src.cfg.CommitTimeout, call)
 }
 
@@ -176,9 +176,9 @@ func fatal(err error) bool {
 // connect opens a session and sets up its channels and the topology. Each
 // broker call is bounded by CommitTimeout and ends with ctx (brokerCall);
 // the session's batches run on a context derived from work.
-func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
+func (src *queueSource) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
 	g := amqpconn.NewGate(src.cfg.MaxBufferedBytes)
-	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, g, src.cfg.AMQPURLs)
+	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, g, src.nodes)
 	if err != nil {
 		return nil, err
 	}
@@ -196,7 +196,7 @@ func (src *Source) connect(ctx, work context.Context, gen uint64) (_ *session, e
 	}()
 	fail := func(what string, err error) error {
 		if fatal(err) {
-			return fmt.Errorf("%w: %s: %v", ErrFatal, what, err)
+			return fmt.Errorf("%w: %s: %v", errFatal, what, err)
 		}
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"context"
@@ -13,46 +13,49 @@ import (
 	"github.com/idemkit/idem/partitions"
 )
 
-// Partitioned consumes a partitioned queue: the consistent-hash exchange
+// partitionedSource consumes a partitioned queue: the consistent-hash exchange
 // named Config.Queue in front of Config.Partitions partition queues, each
 // with its own retry queue and one dead-letter queue for all. The lease
 // (package partlease) decides which partitions this process holds; for
-// each, a Source of that partition consumes it with the engine they share,
+// each, a queueSource of that partition consumes it with the engine they share,
 // and stops (its batches settled, its connections closed, what it never
 // started back in the queue) before the lease lets the partition go. Each
 // partition queue has a single active consumer, so a partition whose lease
 // moved while its old holder still consumes waits for it.
-type Partitioned struct {
-	cfg   Config
-	eng   *engine.Engine
-	lease *partlease.Lease
+type partitionedSource struct {
+	cfg         Config
+	eng         *engine.Engine
+	lease       *partlease.Lease
+	afterCommit func() // tests: see newQueueSource
 
 	mu    sync.Mutex
-	parts map[int]*Source // the partitions consumed now
+	parts map[int]*queueSource // the partitions consumed now
 }
 
-// NewPartitioned returns a Partitioned feeding eng, holding partitions as
-// lease decides.
-func NewPartitioned(cfg Config, eng *engine.Engine, lease *partlease.Lease) *Partitioned {
-	return &Partitioned{cfg: cfg, eng: eng, lease: lease, parts: map[int]*Source{}}
+// newPartitionedSource returns a partitionedSource of cfg's Queue feeding
+// eng, holding partitions as lease decides.
+func newPartitionedSource(cfg Config, eng *engine.Engine, lease *partlease.Lease, afterCommit func()) *partitionedSource {
+	return &partitionedSource{cfg: cfg, eng: eng, lease: lease, afterCommit: afterCommit, parts: map[int]*queueSource{}}
 }
 
-// partition returns the configuration of partition i's Source.
-func (p *Partitioned) partition(i int) Config {
+// partition returns partition i's queueSource: its queue and retry queue,
+// bound to the exchange.
+func (p *partitionedSource) partition(i int) *queueSource {
 	c := p.cfg
 	c.Queue = partitions.QueueName(p.cfg.Queue, i)
 	c.RetryQueue = c.Queue + ".retry"
-	c.Exchange = p.cfg.Queue
 	c.ConnectionName = fmt.Sprintf("%s p%d", p.cfg.ConnectionName, i)
-	return c
+	src := newQueueSource(c, p.eng, p.afterCommit)
+	src.exchange = p.cfg.Queue
+	return src
 }
 
 // Run consumes the partitions this process holds until ctx is cancelled
-// (see Source.Run for what each does on cancellation), first declaring
-// every partition (Config.Declare): the exchange's hash ring is made of
+// (see queueSource.Run for what each does on cancellation), first declaring
+// every partition (as Config.Topology says): the exchange's hash ring is made of
 // its bindings, so all of them exist before any is consumed. It returns an
-// error wrapping ErrFatal for what reconnecting cannot fix.
-func (p *Partitioned) Run(ctx context.Context) (err error) {
+// error wrapping errFatal for what reconnecting cannot fix.
+func (p *partitionedSource) Run(ctx context.Context) (err error) {
 	stopped := p.eng.Started(ctx)
 	defer func() { stopped(err) }()
 	for failures := 0; ; failures++ {
@@ -63,7 +66,7 @@ func (p *Partitioned) Run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrFatal) {
+		if errors.Is(err, errFatal) {
 			return err
 		}
 		delay := retry.Backoff(failures+1, reconnectBaseDelay, p.cfg.ReconnectMaxDelay)
@@ -83,9 +86,9 @@ func (p *Partitioned) Run(ctx context.Context) (err error) {
 	return p.lease.Run(ctx, p.consume)
 }
 
-// consume runs partition i's Source until ctx ends.
-func (p *Partitioned) consume(ctx context.Context, i int) error {
-	src := New(p.partition(i), p.eng)
+// consume runs partition i's queueSource until ctx ends.
+func (p *partitionedSource) consume(ctx context.Context, i int) error {
+	src := p.partition(i)
 	src.changed = p.update
 	p.mu.Lock()
 	p.parts[i] = src
@@ -103,7 +106,7 @@ func (p *Partitioned) consume(ctx context.Context, i int) error {
 // update sets the engine's Connected: this process is a member of the
 // lease and every partition it holds has a session consuming. A member
 // holding none (more processes than partitions) is a standby, connected.
-func (p *Partitioned) update() {
+func (p *partitionedSource) update() {
 	st := p.lease.Status()
 	ok := st.Joined
 	p.mu.Lock()
@@ -120,7 +123,7 @@ func (p *Partitioned) update() {
 // watch keeps the engine's Connected up to date (see update) as the
 // lease's membership changes; the partitions' Sources update it as their
 // sessions come and go.
-func (p *Partitioned) watch(ctx context.Context) {
+func (p *partitionedSource) watch(ctx context.Context) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -136,7 +139,7 @@ func (p *Partitioned) watch(ctx context.Context) {
 
 // BufferedBytes is what the partitions' sessions hold in memory of
 // deliveries not yet settled.
-func (p *Partitioned) BufferedBytes() int64 {
+func (p *partitionedSource) BufferedBytes() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var n int64
@@ -148,11 +151,11 @@ func (p *Partitioned) BufferedBytes() int64 {
 
 // Declare connects once and sets up every partition (its queue, retry
 // queue and binding), the exchange and the dead-letter queue, as
-// Config.Declare and Config.Passive say.
-func (p *Partitioned) Declare(ctx context.Context) error {
-	parts := make([]*Source, p.cfg.Partitions)
+// Config.Topology says.
+func (p *partitionedSource) Declare(ctx context.Context) error {
+	parts := make([]*queueSource, p.cfg.Partitions)
 	for i := range parts {
-		parts[i] = New(p.partition(i), p.eng)
+		parts[i] = p.partition(i)
 	}
 	return declareAll(ctx, parts...)
 }

@@ -1,4 +1,4 @@
-package queuesource
+package consumer
 
 import (
 	"fmt"
