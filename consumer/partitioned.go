@@ -51,10 +51,11 @@ func (p *partitionedSource) partition(i int) *queueSource {
 }
 
 // Run consumes the partitions this process holds until ctx is cancelled
-// (see queueSource.Run for what each does on cancellation), first declaring
-// every partition (as Config.Topology says): the exchange's hash ring is made of
-// its bindings, so all of them exist before any is consumed. It returns an
-// error wrapping errFatal for what reconnecting cannot fix.
+// (see queueSource.Run for what each does on cancellation), first
+// declaring every partition (as Config.Topology says): the exchange's hash
+// ring is made of its bindings, so all of them exist before any is
+// consumed. It returns an error wrapping errFatal for what reconnecting
+// cannot fix.
 func (p *partitionedSource) Run(ctx context.Context) (err error) {
 	stopped := p.eng.Started(ctx)
 	defer func() { stopped(err) }()
