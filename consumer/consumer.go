@@ -9,7 +9,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
-	"github.com/idemkit/idem/internal/partlease"
 )
 
 // Consumer runs a Handler over a queue. Create it with New, register the
@@ -41,14 +40,9 @@ func build(cfg Config, afterCommit func()) (*Consumer, error) {
 	}
 	switch {
 	case cfg.Partitions > 0:
-		lease, err := partlease.New(partlease.Config{
-			Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
-			Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
-		})
-		if err != nil {
+		if c.src, err = newPartitionedSource(cfg, c.eng, afterCommit); err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
 		}
-		c.src = newPartitionedSource(cfg, c.eng, lease, afterCommit)
 	case cfg.Queue != "":
 		c.src = newQueueSource(cfg, c.eng, afterCommit)
 	}

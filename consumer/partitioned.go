@@ -33,9 +33,17 @@ type partitionedSource struct {
 }
 
 // newPartitionedSource returns a partitionedSource of cfg's Queue feeding
-// eng, holding partitions as lease decides.
-func newPartitionedSource(cfg Config, eng *engine.Engine, lease *partlease.Lease, afterCommit func()) *partitionedSource {
-	return &partitionedSource{cfg: cfg, eng: eng, lease: lease, afterCommit: afterCommit, parts: map[int]*queueSource{}}
+// eng, holding partitions as its lease decides: one lease per schema,
+// consumer name and queue.
+func newPartitionedSource(cfg Config, eng *engine.Engine, afterCommit func()) (*partitionedSource, error) {
+	lease, err := partlease.New(partlease.Config{
+		Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
+		Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &partitionedSource{cfg: cfg, eng: eng, lease: lease, afterCommit: afterCommit, parts: map[int]*queueSource{}}, nil
 }
 
 // partition returns partition i's queueSource: its queue and retry queue,
