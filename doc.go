@@ -1,8 +1,8 @@
 // Package idem holds the vocabulary that idem's packages share: the message
 // and what became of it (Message, Outcome), the errors a handler returns or
-// meets, payload hashes and canonical JSON, the names of the tables idem
-// owns, the replay mode carried in a context, and the deferred writes of a
-// batch.
+// meets, the error every configuration error matches (ErrConfig), payload
+// hashes and canonical JSON, the names of the tables idem owns, the replay
+// mode carried in a context, and the deferred writes of a batch.
 //
 // idem consumes RabbitMQ messages effectively once. Most programs start in
 // package consumer (the runtime) and meet this package through its types:
@@ -17,8 +17,8 @@
 // place, and the handler receives that same value. What became of it is an
 // Outcome: Processed, Duplicate, DeadLettered, Retried or Unresolved from
 // any source; Postponed (a queue's message that left its batch for a later
-// one), Held (a message of a stream or a replay waiting behind one retried
-// in place) and Skipped (not selected by a repair replay) where they apply.
+// one), Held (a message of a stream, a replay or a queue's key waiting
+// behind one retried in place) and Skipped (not selected by a repair replay) where they apply.
 // Outcome.String is the word the metrics, spans and logs use (the metric
 // idem.consumer.messages counts a payload conflict as conflict).
 //
@@ -28,6 +28,11 @@
 // *PanicError, a handler past its deadline meets a *TimeoutError, and a
 // handler that tries to end the runtime's transaction gets
 // ErrTransactionControl.
+//
+// A configuration that a package cannot use (a Config, options or
+// arguments) is refused with an error that matches ErrConfig, whichever
+// package refused it: one errors.Is tells "fix the configuration" from "try
+// again".
 //
 // # Payload hashes
 //
@@ -52,6 +57,12 @@
 // Do not compare its output with another JCS implementation's. Pick one hash
 // per consumer and keep it: changing it turns every redelivery of an old
 // message into a conflict.
+//
+// An id read from a JSON body (consumer.IDFromJSONField) follows the same
+// rules: a number is spelled as CanonicalJSON writes it, so 1000, 1000.0
+// and 1e3 are one id, and an id that is not valid UTF-8 text without NUL,
+// from any source, is refused with ErrInvalidID, never repaired into
+// another. What CanonicalJSON refuses is an error wrapping ErrInvalidJSON.
 //
 // # Tables
 //

@@ -5,7 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/internal/configerr"
 )
+
+// ErrConfig is what every configuration error of idem's packages wraps: a
+// Config, options or arguments that a package cannot use (a missing Pool,
+// a negative limit, a malformed broker URL, an unusable schema or prefix).
+// errors.Is(err, idem.ErrConfig) holds for all of them, whichever package
+// refused; packages with a sentinel of their own (consumer.ErrConfig,
+// projection.ErrConfig, httpinbox.ErrConfig, retention.ErrInvalidConfig,
+// replay.ErrInvalidOptions, …) match it too. Nothing was done: fix the
+// configuration, do not retry.
+var ErrConfig = configerr.ErrConfig
 
 // DeadLetterError marks a handler error that must not be retried: the
 // message is dead-lettered with Reason. consumer.Permanent and

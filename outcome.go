@@ -7,12 +7,13 @@ type Outcome uint8
 
 // The outcomes. The zero value means "not decided yet". consumer.Process
 // reports the first five. A queue consumer settles each message as one of
-// the first five; a message it Postponed runs again in a later batch. An
-// ordered source (a stream, a replay) retries a Retried message in place,
-// holding the messages after it (Held), and settles each message as
-// Processed, Duplicate or DeadLettered (a forensic replay reports Retried
-// instead of retrying); a repair replay leaves the messages it did not
-// select Skipped.
+// the first five; a message it Postponed runs again in a later batch; with
+// an ordering key it retries a Retried message in place, holding its key's
+// later messages (Held). An ordered source (a stream, a replay) retries a
+// Retried message in place, holding the messages after it (Held), and
+// settles each message as Processed, Duplicate or DeadLettered (a forensic
+// replay reports Retried instead of retrying); a repair replay leaves the
+// messages it did not select Skipped.
 const (
 	// Processed: the handler ran and its writes committed with the inbox row.
 	Processed Outcome = iota + 1
@@ -23,7 +24,8 @@ const (
 	// committed, with the reason.
 	DeadLettered
 	// Retried: the handler failed; nothing committed for the message; it
-	// is tried again later (the retry queue).
+	// is tried again later (the retry queue, or in place where order is
+	// kept).
 	Retried
 	// Unresolved: the batch transaction failed; nothing committed; the
 	// message goes back to its source.
@@ -31,7 +33,8 @@ const (
 	// Skipped: not selected by a repair replay; nothing was done.
 	Skipped
 	// Held: not attempted, because an earlier message of an ordered batch
-	// is being retried; it runs again after that one.
+	// (of its key, in a queue with an ordering key) is being retried; it
+	// runs again after that one.
 	Held
 	// Postponed: it left its batch before writing anything, because another
 	// batch in flight writes its row; it runs in a later batch.

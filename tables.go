@@ -1,11 +1,12 @@
 package idem
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/configerr"
 )
 
 // Default schema and table prefix.
@@ -18,8 +19,9 @@ const (
 // truncated by the server, which could make two tables collide.
 const maxIdentifierLen = 63
 
-// ErrInvalidTables is returned (wrapped) when a schema or prefix cannot be used.
-var ErrInvalidTables = errors.New("idem: invalid schema or table prefix")
+// ErrInvalidTables is returned (wrapped) when a schema or prefix cannot be
+// used. It matches ErrConfig.
+var ErrInvalidTables = configerr.New("idem: invalid schema or table prefix")
 
 // Tables says where idem's tables live: every table is Schema.Prefix+name,
 // always quoted as an identifier, so any name is safe to configure.

@@ -21,22 +21,28 @@
 //
 // Dial connects to the first node that answers, trying them in a shuffled
 // order: a fleet given one list spreads its connections over the nodes,
-// and a node that is down costs one failed dial, bounded by DialTimeout.
-// A node's refusal that dialling again cannot change (credentials, a vhost
-// that does not exist) is ErrRefused: users and vhosts belong to the whole
-// cluster, so the caller should stop rather than retry. A caller that
-// dials again after a failure runs its backoff between rounds of the whole
-// list, as a consumer does between sessions.
+// and a node that is down costs one failed dial, bounded by DialTimeout
+// (5 s), even when it takes the TCP connection and never answers. A node
+// that failed lately in this process, on a dial or a connection, is tried
+// after the others. Connections get 2 s heartbeats unless the Config says
+// otherwise: a node that goes silent is noticed within 3 s. A node's
+// refusal that dialling again cannot change (credentials, a vhost that
+// does not exist) is ErrRefused, and the nodes after it are not dialled:
+// users and vhosts belong to the whole cluster, so the caller should stop
+// rather than retry. A caller that dials again after a failure runs its
+// backoff between rounds of the whole list, as a consumer does between
+// sessions.
 //
 // # Publishing
 //
 // Publisher publishes persistent, mandatory messages with publisher
 // confirms, and its Flush returns once the broker stored every one. A
 // quorum queue nacks publishes while it elects a leader, and on RabbitMQ
-// 3.10 a connection that saw the election may go on being nacked after it:
-// Flush publishes a nacked message again through a new connection, with a
-// bounded backoff (MaxRepublish). A message returned as unroutable is an
-// error (ErrNotStored). Give every message a stable MessageId: a nacked
-// message may still have been stored, and idem's consumers deduplicate on
-// the id.
+// 3.10 a connection that saw the election may go on being nacked after it;
+// a node may die or go silent with publishes unconfirmed. Flush publishes
+// every message that was not confirmed again through a new connection, to
+// another node when there is one, with a bounded backoff (MaxRepublish). A
+// message returned as unroutable is an error (ErrNotStored). Give every
+// message a stable MessageId: a message that was not confirmed may still
+// have been stored, and idem's consumers deduplicate on the id.
 package amqpnodes

@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 // brokerModel settles tags as RabbitMQ does: a multiple ack settles every
@@ -395,4 +395,21 @@ func TestAckerMultipleAckSkipsANackedTagOnRabbitMQ(t *testing.T) {
 		return err == nil && info.Messages == 0
 	}, 5*time.Second, 50*time.Millisecond, "every message settled")
 	require.False(t, cch.IsClosed(), "the broker accepted every frame")
+}
+
+// A delivery held back for a retry's backoff (parked) is the lowest
+// unsettled one for that long: the acks above it go out one by one at
+// once instead of waiting for a multiple ack, and once it settles the
+// multiple acks resume.
+func TestAckerAcksAroundAParkedDeliveryOneByOne(t *testing.T) {
+	b := newBrokerModel(6)
+	a := deliveredAcker(b, 100)
+	require.NoError(t, a.settle([]uint64{1}, nil))
+	require.NoError(t, a.park(2))
+	require.NoError(t, a.settle([]uint64{3, 4}, nil))
+	require.Equal(t, []string{"ack 1 true", "ack 3 false", "ack 4 false"}, b.frames)
+	require.NoError(t, a.settle([]uint64{2}, nil))
+	require.NoError(t, a.settle([]uint64{5, 6}, nil))
+	require.Equal(t, []string{"ack 1 true", "ack 3 false", "ack 4 false", "ack 2 true", "ack 6 true"}, b.frames)
+	require.Empty(t, b.outstanding)
 }

@@ -15,8 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/engine"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 type jsonDeposit struct {
@@ -47,8 +46,8 @@ func TestBadInputIsDeadLetteredWithAReasonAndTheQueueGoesOn(t *testing.T) {
 		{"huge-body", `{"account":"A1","amount":1,"pad":"` + strings.Repeat("x", 64<<10) + `"}`, nil, deadletters.ReasonTooLarge},
 		{"", `{"account":"A1","amount":1}`, nil, deadletters.ReasonMissingMessageID},
 		{strings.Repeat("i", 250), `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
-		{"bad-\xff-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
-		{"nul-\x00-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidMessageID},
+		{"bad-\xff-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidID},
+		{"nul-\x00-id", `{"account":"A1","amount":1}`, nil, deadletters.ReasonInvalidID},
 		{"many-headers", `{"account":"A1","amount":1}`, manyHeaders, deadletters.ReasonTooManyHeaders},
 		{"delivery-count-string", `{"account":"A1","amount":1}`, amqp.Table{"x-delivery-count": "seven"}, ""},
 		{"attempt-string", `{"account":"A1","amount":1}`, amqp.Table{"x-idem-attempt": "1000000"}, ""},
@@ -101,7 +100,7 @@ func FuzzPrepare(f *testing.F) {
 	c := fuzzConsumer(f)
 	f.Fuzz(func(t *testing.T, id string, body []byte, key string, attempt int64, count string) {
 		headers := amqp.Table{"key": key, "x-idem-attempt": attempt, "x-delivery-count": count}
-		it := c.Engine(engine.ModuleKey()).PrepareAll([]Message{{MessageID: id, Body: body, Headers: headers}})[0]
+		it := c.eng.PrepareAll([]Message{{MessageID: id, Body: body, Headers: headers}})[0]
 		m := it.Message
 		require.Equal(t, idem.HashBytes(body), m.Hash)
 		require.GreaterOrEqual(t, m.Attempt, 1)

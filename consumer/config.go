@@ -1,7 +1,10 @@
 package consumer
 
 import (
+	"cmp"
+	"crypto/tls"
 	"log/slog"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -12,29 +15,34 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/engine"
+	"github.com/idemkit/idem/internal/streamio"
 )
 
-// Topology says what the consumer does with its queues at start.
+// Topology says what the consumer does with its queues, or its stream, at
+// start.
 type Topology int
 
 const (
 	// Declare declares the queue, the retry queue and the dead-letter queue
-	// (idempotently). It is the default.
+	// (idempotently), or the stream. It is the default.
 	Declare Topology = iota
-	// Passive checks that the three queues exist and fails otherwise.
+	// Passive checks that the three queues, or the stream, exist and fails
+	// otherwise.
 	Passive
-	// Existing uses the queues as they are, without checking.
+	// Existing uses the queues, or the stream, as they are, without
+	// checking.
 	Existing
 )
 
 // Config configures a Consumer. Name and Pool are required; a Queue needs
-// its broker (AMQPURL or AMQPURLs), which New checks, and Run needs a Queue;
-// every other field has the default its comment states.
-// A stream consumer (package consumer/stream) takes the same Config, but
-// the fields that only a queue reads (those its comment says are "queue
-// only"), which stream.New refuses.
+// its broker (AMQPURL or AMQPURLs), which New checks, and Run needs a Queue
+// or a Stream; every other field has the default its comment states. A
+// consumer of a Stream leaves the fields whose comment says "queue only"
+// unset (New refuses them), and a consumer of a Queue those that say
+// "stream only".
 type Config struct {
 	// AMQPURL is the broker's URL when it is one node, e.g.
 	// amqp://guest:guest@127.0.0.1:5672/. Set it or AMQPURLs, not both. New
@@ -82,8 +90,8 @@ type Config struct {
 	// Queue only.
 	ConnectionName string
 
-	// DeadLetterQueue receives messages that cannot be processed. Default: Queue+".dlq".
-	// Queue only.
+	// DeadLetterQueue receives messages that cannot be processed. Default:
+	// deadletters.QueueName(Queue), the queue's name and .dlq. Queue only.
 	DeadLetterQueue string
 
 	// DeliveryLimit is the quorum queue's x-delivery-limit: a message the
@@ -159,7 +167,17 @@ type Config struct {
 	Name string
 
 	// OrderingKey, when set, keeps messages with the same key in order
-	// (one worker per key) while different keys run in parallel. Queue only.
+	// (one worker per key) while different keys run in parallel, within one
+	// process (Partitions keeps it across processes). A message whose
+	// handler fails holds its key: it is not copied to the retry queue but
+	// stays unacked in its worker, retried after its backoff
+	// (RetryBaseDelay, RetryMaxDelay) with its key's later messages waiting
+	// behind it, while other keys flow; its attempts are counted in the
+	// database, so MaxAttempts holds across restarts, and a crash or a
+	// shutdown hands the held messages back to the head of the queue, in
+	// order. Once it is dead-lettered its key moves on without it (counted
+	// in Stats.OrderGaps). What a key holds counts against Prefetch and
+	// MaxBufferedBytes. Queue only.
 	OrderingKey func(m *Message) string
 
 	// Partitions, when above 0, keeps OrderingKey's order across worker
@@ -173,7 +191,11 @@ type Config struct {
 	// its share. Publishers send to the exchange with the ordering key as
 	// routing key (partitions.Route); without an OrderingKey, the routing
 	// key is the ordering key. The partitions are quorum queues: New refuses
-	// another QueueType. Fixed for the life of the queues. Default: 0, one
+	// another QueueType. A failing message holds its key as with an
+	// OrderingKey, whichever process runs it: its attempts are counted in
+	// the database, and a process that dies during its backoff leaves it,
+	// and its key's later messages, at the head of the partition queue for
+	// the next holder. Fixed for the life of the queues. Default: 0, one
 	// queue. Queue only.
 	Partitions int
 
@@ -206,8 +228,9 @@ type Config struct {
 	// RetryMaxDelay caps the retry delay. Default: 5m.
 	RetryMaxDelay time.Duration
 
-	// RetryQueue holds messages waiting for their retry. Default: Queue+".retry".
-	// Queue only.
+	// RetryQueue holds messages waiting for their retry, but for a consumer
+	// with an OrderingKey or Partitions, which retries in place. Default:
+	// the queue's name and .retry. Queue only.
 	RetryQueue string
 
 	// ShutdownTimeout is how long in-flight batches may take to finish after
@@ -218,11 +241,37 @@ type Config struct {
 	// Default: false (only hashes are stored; the payload is in the DLQ).
 	StorePayloads bool
 
+	// Stream is the RabbitMQ stream to read instead of a queue: in order,
+	// with the stream offset checkpointed in each batch's transaction, and
+	// one active reader per (Name, Stream) across processes (see Streams in
+	// the package documentation). Set Queue or Stream, not both. With
+	// Topology Declare, the consumer declares it through AMQP 0-9-1, which
+	// needs AMQPURL or AMQPURLs. Stream only.
+	Stream string
+
+	// StreamURL is the stream protocol URL, or the URLs of a cluster's
+	// nodes separated by commas: each connection goes to the first of them,
+	// in a shuffled order, that answers. Default: IDEM_STREAM_URL, else
+	// derived from AMQPURL or AMQPURLs (same credentials, hosts and vhost,
+	// port 5552), else rabbitmq-stream://guest:guest@127.0.0.1:5552/.
+	// Stream only.
+	StreamURL string
+
 	// Tables names the schema and table prefix. Default: public, idem_.
 	Tables idem.Tables
 
-	// Topology says whether queues are declared, checked, or taken as they are.
-	// Default: Declare. Queue only.
+	// TLSConfig is the TLS configuration of the connections to an amqps://
+	// URL. Default: the one the URL's query describes (cacertfile, certfile
+	// and keyfile, server_name_indication), else the system's certificate
+	// authorities; the server name is the URL's host unless set. The
+	// consumer makes the TLS connection itself and reads the AMQP frames
+	// from it, so a message the client cannot decode is dead-lettered over
+	// TLS as over TCP (see deadletters.ReasonUndecodable). New refuses it
+	// when no broker URL is amqps://. Queue only.
+	TLSConfig *tls.Config
+
+	// Topology says whether the queues, or the stream, are declared,
+	// checked, or taken as they are. Default: Declare.
 	Topology Topology
 
 	// TracerProvider provides the spans. Default: the global provider.
@@ -283,11 +332,28 @@ func (c *Config) setDefaults() {
 	if c.Queue != "" {
 		c.setQueueDefaults()
 	}
+	if c.Stream != "" && c.StreamURL == "" {
+		c.StreamURL = defaultStreamURL(c.nodes())
+	}
+}
+
+// defaultStreamURL is StreamURL's default: IDEM_STREAM_URL, else the
+// stream protocol URLs of the broker's nodes, else the local broker's.
+// Nodes that are malformed (validate refuses them) give "".
+func defaultStreamURL(nodes []string) string {
+	if os.Getenv("IDEM_STREAM_URL") != "" || len(nodes) == 0 {
+		return streamio.URLFromEnv()
+	}
+	url, err := streamio.StreamURLs(nodes)
+	if err != nil {
+		return ""
+	}
+	return url
 }
 
 // setQueueDefaults fills in the fields only a queue reads. A consumer
-// without a Queue keeps them as they were set, so that a stream consumer
-// can refuse the ones set by mistake (see QueueOnly).
+// without a Queue keeps them as they were set, so that New can refuse the
+// ones set by mistake (see queueOnly).
 func (c *Config) setQueueDefaults() {
 	if c.BatchMaxWait == 0 {
 		c.BatchMaxWait = 500 * time.Microsecond
@@ -296,7 +362,7 @@ func (c *Config) setQueueDefaults() {
 		c.ConnectionName = "idem:" + c.Name
 	}
 	if c.DeadLetterQueue == "" {
-		c.DeadLetterQueue = c.Queue + ".dlq"
+		c.DeadLetterQueue = amqpnames.DeadLetterQueue(c.Queue)
 	}
 	if c.DeliveryLimit <= 0 {
 		c.DeliveryLimit = 20
@@ -311,20 +377,20 @@ func (c *Config) setQueueDefaults() {
 		c.QueueType = "quorum"
 	}
 	if c.RetryQueue == "" {
-		c.RetryQueue = c.Queue + ".retry"
+		c.RetryQueue = amqpnames.RetryQueue(c.Queue)
 	}
 }
 
-// QueueOnly names the fields of c that only a queue consumer reads and
+// queueOnly names the fields of c that only a queue consumer reads and
 // that are set: a consumer of another source (a stream) refuses them.
-func (c *Config) QueueOnly() []string {
+func (c *Config) queueOnly() []string {
 	var set []string
 	for name, isSet := range map[string]bool{
 		"BatchMaxWait": c.BatchMaxWait != 0, "ConnectionName": c.ConnectionName != "",
 		"DeadLetterQueue": c.DeadLetterQueue != "", "DeliveryLimit": c.DeliveryLimit != 0,
 		"MaxBufferedBytes": c.MaxBufferedBytes != 0, "OrderingKey": c.OrderingKey != nil, "Partitions": c.Partitions != 0,
 		"Prefetch": c.Prefetch != 0, "Queue": c.Queue != "", "QueueType": c.QueueType != "",
-		"RetryQueue": c.RetryQueue != "", "Topology": c.Topology != Declare,
+		"RetryQueue": c.RetryQueue != "", "TLSConfig": c.TLSConfig != nil,
 	} {
 		if isSet {
 			set = append(set, name)
@@ -332,6 +398,11 @@ func (c *Config) QueueOnly() []string {
 	}
 	slices.Sort(set)
 	return set
+}
+
+// isAMQPS reports whether rawURL's scheme is amqps.
+func isAMQPS(rawURL string) bool {
+	return len(rawURL) > 8 && strings.EqualFold(rawURL[:8], "amqps://")
 }
 
 // validate checks the fields every source needs.
@@ -356,9 +427,20 @@ func (c *Config) validate() error {
 		return configError("Partitions needs a Queue")
 	case c.Partitions > 0 && c.QueueType != "quorum":
 		return configError("Partitions needs quorum queues (QueueType %q): a partition must outlive any one node, and its single active consumer is the fence", c.QueueType)
-	case c.Queue == "" && len(c.QueueOnly()) > 0:
-		return configError("%s only configure a queue consumer, and Queue is not set", strings.Join(c.QueueOnly(), ", "))
-	case c.Partitions > 0 && c.RetryQueue != c.Queue+".retry":
+	case c.Queue != "" && c.Stream != "":
+		return configError("set Queue or Stream, not both: a consumer reads one source")
+	case c.Stream != "" && len(c.queueOnly()) > 0:
+		return configError("a stream consumer reads no queue; leave %s unset (queue only)", strings.Join(c.queueOnly(), ", "))
+	case c.Queue == "" && len(c.queueOnly()) > 0:
+		return configError("%s only configure a queue consumer, and Queue is not set", strings.Join(c.queueOnly(), ", "))
+	case c.TLSConfig != nil && !slices.ContainsFunc(append([]string{c.AMQPURL}, c.AMQPURLs...), isAMQPS):
+		return configError("TLSConfig is set and no broker URL is amqps://: it would not be used")
+	case c.Stream == "" && c.StreamURL != "":
+		return configError("StreamURL only configures a stream consumer, and Stream is not set")
+	case c.Stream != "" && c.Topology == Declare && c.AMQPURL == "" && len(c.AMQPURLs) == 0:
+		return configError("a stream consumer declares its stream through AMQP 0-9-1 (Topology Declare, the default): " +
+			"set AMQPURL or AMQPURLs, or set Topology to Passive or Existing")
+	case c.Partitions > 0 && c.RetryQueue != amqpnames.RetryQueue(c.Queue):
 		return configError("RetryQueue cannot be set with Partitions: each partition has its own (Queue.pI.retry)")
 	case c.Queue != "" && c.QueueType == "quorum" && c.DeliveryLimit <= c.MaxCrashes+1:
 		return configError("DeliveryLimit (%d) must exceed MaxCrashes + 1 (%d): idem must dead-letter a poison message before the broker does",
@@ -393,13 +475,10 @@ func (c *Config) affinityKey() func(*Message) string {
 	return func(m *Message) string { return m.BusinessKey }
 }
 
-// engineConfig is the engine's part of the configuration, for a consumer
-// of source (a queue or a stream; Name when empty). Package consumer/stream
-// uses it too.
-func (c *Config) engineConfig(source string) engine.Config {
-	if source == "" {
-		source = c.Name
-	}
+// engineConfig is the engine's part of the configuration: its source is
+// the Queue, the Stream, or (for Process alone) the Name.
+func (c *Config) engineConfig() engine.Config {
+	source := cmp.Or(c.Queue, c.Stream, c.Name)
 	return engine.Config{
 		Name: c.Name, Source: source, Pool: c.Pool, Tables: c.Tables, Logger: c.Logger.With("consumer", c.Name),
 		MeterProvider: c.MeterProvider, TracerProvider: c.TracerProvider,

@@ -7,23 +7,23 @@ import (
 	"sync/atomic"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
 )
 
-// Consumer runs a Handler over a queue. Create it with New, register the
-// handler with Handle, then call Run. (A stream consumer is built with
-// package consumer/stream.)
+// Consumer runs a Handler over a queue or a stream. Create it with New,
+// register the handler with Handle, then call Run.
 type Consumer struct {
 	cfg     Config
 	eng     *engine.Engine
-	src     source // nil without a Queue
+	src     source // nil without a Queue or a Stream
 	running atomic.Bool
 }
 
 // New validates cfg, fills in defaults and returns a Consumer. It does not
-// connect: Run does, and Run needs the broker (AMQPURL or AMQPURLs) and
-// Queue; Process needs neither.
+// connect: Run does, and Run needs a Queue and its broker (AMQPURL or
+// AMQPURLs), or a Stream; Process needs neither.
 func New(cfg Config) (*Consumer, error) { return build(cfg, nil) }
 
 // build is New; afterCommit, when set (tests of this package), runs after
@@ -35,8 +35,11 @@ func build(cfg Config, afterCommit func()) (*Consumer, error) {
 	}
 	c := &Consumer{cfg: cfg}
 	var err error
-	if c.eng, err = engine.New(cfg.engineConfig(cfg.Queue)); err != nil {
+	if c.eng, err = engine.New(cfg.engineConfig()); err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	if _, err := health.ObserveReady(cfg.MeterProvider, health.ReporterFunc(c.readiness)); err != nil {
+		return nil, fmt.Errorf("consumer: readiness gauge: %w", err)
 	}
 	switch {
 	case cfg.Partitions > 0:
@@ -45,12 +48,15 @@ func build(cfg Config, afterCommit func()) (*Consumer, error) {
 		}
 	case cfg.Queue != "":
 		c.src = newQueueSource(cfg, c.eng, afterCommit)
+	case cfg.Stream != "":
+		c.src = newStreamSource(cfg, c.eng)
 	}
 	return c, nil
 }
 
-// source is what a consumer with a Queue runs: one queue (queueSource) or
-// its partitions (partitionedSource).
+// source is what a consumer with a Queue or a Stream runs: one queue
+// (queueSource), its partitions (partitionedSource), or a stream
+// (streamSource).
 type source interface {
 	Run(ctx context.Context) error
 	Declare(ctx context.Context) error
@@ -72,29 +78,29 @@ func (c *Consumer) HandleBatch(h BatchHandler) { c.eng.SetBatchHandler(h) }
 // Config returns the configuration with defaults filled in.
 func (c *Consumer) Config() Config { return c.cfg }
 
-// Engine gives the module's own packages that run a consumer's handlers
-// from another source (consumer/stream, replay) the consumer's runtime.
-// Only they can make its argument (engine.ModuleKey, internal to idem); it
-// panics with any other.
-func (c *Consumer) Engine(k engine.Key) *engine.Engine {
-	k.Check()
-	return c.eng
-}
+// Runtime returns the machinery that runs the consumer's handlers, for
+// idem's own packages that drive it from another source (replay). Its
+// dynamic type is internal to idem: outside the module it is of no use.
+func (c *Consumer) Runtime() any { return c.eng }
 
-// Run consumes the queue until ctx is cancelled, reconnecting (with capped
-// exponential backoff) whenever a connection or a channel dies. On
-// cancellation it stops consuming, lets in-flight batches commit and ack (on
-// a context detached from ctx, bounded by ShutdownTimeout), leaves
-// deliveries that were never started unacked for the next consumer, closes,
-// and returns nil. It returns an error only for what reconnecting cannot
-// fix: credentials the broker refuses, a vhost that does not exist, no
-// access to the vhost or the queue, a queue declared with other arguments.
+// Run consumes the queue, or reads the stream, until ctx is cancelled,
+// reconnecting (with capped exponential backoff) whenever a connection or a
+// channel dies. On cancellation it stops consuming, lets in-flight batches
+// commit and ack (on a context detached from ctx, bounded by
+// ShutdownTimeout), leaves deliveries that were never started unacked for
+// the next consumer, closes, and returns nil. It returns an error only for
+// what reconnecting cannot fix: credentials the broker refuses, a vhost
+// that does not exist, no access to the vhost, the queue or the stream, a
+// queue declared with other arguments, a stream that does not exist while
+// Topology says not to declare it, a queue of another type by the stream's
+// name. The package documentation's Streams section says how a stream is
+// read.
 func (c *Consumer) Run(ctx context.Context) error {
 	switch {
 	case c.eng.Config().Handler == nil:
 		return configError("no handler: call Handle before Run")
 	case c.src == nil: // New made sure a Queue has its broker
-		return configError("Run needs Queue (a stream runs with stream.Run)")
+		return configError("Run needs a Queue or a Stream")
 	}
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run is already running")
@@ -107,11 +113,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return err
 }
 
-// Declare connects once and sets up the topology as Config.Topology says,
-// so that publishers can start before the first worker does.
+// Declare connects once and sets up the topology (the queues, or the
+// stream) as Config.Topology says, so that publishers can start before the
+// first worker does.
 func (c *Consumer) Declare(ctx context.Context) error {
 	if c.src == nil {
-		return configError("Declare needs Queue")
+		return configError("Declare needs a Queue or a Stream")
 	}
 	if err := c.src.Declare(ctx); err != nil {
 		return fmt.Errorf("consumer: declare: %w", err)
@@ -119,12 +126,24 @@ func (c *Consumer) Declare(ctx context.Context) error {
 	return nil
 }
 
+// Queues returns the names of the queues Declare and Run declare (or check,
+// as Config.Topology says): Config.Queue, or with Partitions its partition
+// queues (partitions.QueueName), each followed by its retry queue, then
+// Config.DeadLetterQueue. A partitioned consumer also declares an exchange
+// named Config.Queue. A consumer without a Queue has none.
+func (c *Consumer) Queues() []string {
+	if c.src == nil {
+		return nil
+	}
+	return c.cfg.queues()
+}
+
 // Process runs msgs as one batch through the same pipeline as Run (payload
 // hash, identity, inbox claim, handler, dead-letter rows, commit) without a
 // broker, and reports what became of each message. The caller sets what a
 // source would (MessageID, Body, Headers, …); Process derives each
 // message's ID, Hash and BusinessKey in place, sets Source to Config.Queue
-// (or Name) and ReceivedAt to now when they are empty. Nothing is
+// (or Stream, or Name) and ReceivedAt to now when they are empty. Nothing is
 // published: a Retried message is simply not committed, a DeadLettered one
 // has its row in the dead-letter table. Process needs no AMQPURL or Queue;
 // it is what tests (see package consumertest) and custom sources call. An

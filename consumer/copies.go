@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
 	"github.com/idemkit/idem/internal/safetext"
@@ -15,8 +16,8 @@ import (
 
 // The copies of a message that failed: the dead letter published to the
 // dead-letter queue, the retry parked in the retry queue. Their headers
-// (package deadletters names them) inform operators; the runtime never
-// reads them back.
+// (package amqpnames declares them, package deadletters documents them)
+// inform operators; the runtime never reads them back.
 
 // notStored logs, and returns as the reason to end the session, that the
 // broker returned nReturned retries or dead letters as unroutable and
@@ -57,27 +58,29 @@ func (src *queueSource) logDeadLetter(it *engine.Item, r engine.Result) {
 func (src *queueSource) deadLetter(d *delivery, r engine.Result) outgoing {
 	src.logDeadLetter(d.it, r)
 	p := src.republish(d)
-	p.Headers[deadletters.HeaderReason] = r.Reason
-	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
-	p.Headers[deadletters.HeaderConsumer] = src.cfg.Name
-	p.Headers[deadletters.HeaderAttempts] = int64(d.it.Attempt)
-	p.Headers[deadletters.HeaderPayloadHash] = d.it.Hash.String()
+	p.Headers[amqpnames.HeaderReason] = r.Reason
+	p.Headers[amqpnames.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
+	p.Headers[amqpnames.HeaderConsumer] = src.cfg.Name
+	p.Headers[amqpnames.HeaderMessageID] = d.it.ID // the id its row records, "" for none: Redrive matches by it
+	p.Headers[amqpnames.HeaderAttempts] = int64(d.it.Attempt)
+	p.Headers[amqpnames.HeaderPayloadHash] = d.it.Hash.String()
 	if !r.StoredHash.IsZero() && r.Reason == deadletters.ReasonPayloadConflict {
-		p.Headers[deadletters.HeaderStoredHash] = r.StoredHash.String()
+		p.Headers[amqpnames.HeaderStoredHash] = r.StoredHash.String()
 	}
 	return outgoing{queue: src.cfg.DeadLetterQueue, msg: p}
 }
 
 // retry logs that d's handler failed and returns its copy, parked in the
 // retry queue for its backoff; the queue's dead-letter route brings it back
-// when it expires.
+// when it expires. A queue with an ordering key retries in place instead
+// (see keyHold).
 func (src *queueSource) retry(d *delivery, r engine.Result) outgoing {
 	delay := retry.Backoff(d.it.Attempt, src.cfg.RetryBaseDelay, src.cfg.RetryMaxDelay)
 	src.cfg.Logger.Info("handler failed, retrying", "consumer", src.cfg.Name, "message_id", safetext.ShortID(d.it.ID),
 		"attempt", d.it.Attempt, "retry_in", delay, "error", safetext.Error(r.Err))
 	p := src.republish(d)
-	p.Headers[deadletters.HeaderAttempt] = int64(d.it.Attempt + 1)
-	p.Headers[deadletters.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
+	p.Headers[amqpnames.HeaderAttempt] = int64(d.it.Attempt + 1)
+	p.Headers[amqpnames.HeaderError] = safetext.Truncate(safetext.Error(r.Err), 1024)
 	p.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	return outgoing{queue: src.cfg.RetryQueue, msg: p}
 }
@@ -91,8 +94,8 @@ func (src *queueSource) republish(d *delivery) amqp.Publishing {
 	for k, v := range d.d.Headers {
 		headers[k] = v
 	}
-	headers[deadletters.HeaderOriginalExchange] = d.it.Exchange
-	headers[deadletters.HeaderOriginalRoutingKey] = d.it.RoutingKey
+	headers[amqpnames.HeaderOriginalExchange] = d.it.Exchange
+	headers[amqpnames.HeaderOriginalRoutingKey] = d.it.RoutingKey
 	return amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.d.ContentType,

@@ -7,8 +7,8 @@
 // # A worker
 //
 // New takes a Config (Name, which scopes the inbox, and Pool are required;
-// Run also needs AMQPURL and Queue), Handle registers the handler, and Run
-// consumes until its context is cancelled:
+// Run also needs AMQPURL and Queue, or a Stream), Handle registers the
+// handler, and Run consumes until its context is cancelled:
 //
 //	c, err := consumer.New(consumer.Config{
 //		Name:    "billing",
@@ -32,7 +32,8 @@
 //
 // idem's tables come from package migrate (migrate.Up, or `idem migrate`).
 // Run declares the queue (a quorum queue by default), a retry queue and a
-// dead-letter queue unless Config.Topology says otherwise, reconnects
+// dead-letter queue named after it (Consumer.Queues lists them) unless
+// Config.Topology says otherwise, reconnects
 // whenever a connection or channel dies, and returns nil after a shutdown
 // in which the batches in flight commit and ack. It returns an error only
 // for what reconnecting cannot fix: a bad Config, refused credentials, no
@@ -51,8 +52,9 @@
 //     that reason (Permanent's is "permanent"): a row in the dead-letter
 //     table, committed with the batch, and a copy in the dead-letter queue.
 //   - any other error, or a panic: retried later, from the retry queue, with
-//     exponential backoff; after MaxAttempts it is dead-lettered with reason
-//     "max_attempts".
+//     exponential backoff (with an OrderingKey or Partitions, in place,
+//     its key's later messages waiting behind it); after MaxAttempts it is
+//     dead-lettered with reason "max_attempts".
 //
 // For instance:
 //
@@ -119,11 +121,71 @@
 //
 // # Streams
 //
-// A consumer built without a Queue reads a RabbitMQ stream once package
-// consumer/stream wraps it: stream.New(c, stream.Config{Stream: …}), then
-// stream.Run, in order, with the stream offset checkpointed in each batch's
-// transaction. Package replay runs its handler over a bounded range of the
-// stream again.
+// A consumer with a Stream instead of a Queue reads a RabbitMQ stream: in
+// order, batched, with the stream offset checkpointed in each batch's
+// transaction, and one active reader per (Name, Stream) across processes —
+// the others wait as hot standbys and take over when it stops. Its handler
+// is an ordinary handler, and Run reads until its context is cancelled:
+//
+//	c, err := consumer.New(consumer.Config{
+//		Name:    "orders-projection",
+//		Stream:  "orders.events",
+//		Pool:    pool,
+//		AMQPURL: os.Getenv("IDEM_AMQP_URL"),
+//	})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+//		return consumer.Defer(ctx, tx, `INSERT INTO events (stream_offset, body) VALUES ($1, $2)`, m.Offset, string(m.Body))
+//	})
+//	if err := c.Run(ctx); err != nil { // until ctx is cancelled
+//		log.Fatal(err)
+//	}
+//
+// New refuses a stream consumer whose Config sets a field only a queue
+// reads (those whose comment says "queue only": Queue, OrderingKey,
+// Prefetch…): a wrong combination fails there, never in Run. The stream
+// protocol's URL is StreamURL, else IDEM_STREAM_URL, else derived from
+// AMQPURL or AMQPURLs (same credentials, hosts and vhost, port 5552).
+//
+// With Topology Declare (the default), Run and Declare declare the stream
+// through AMQP 0-9-1 (AMQPURL or AMQPURLs), as a publisher over AMQP 0-9-1
+// does: durable, x-queue-type "stream", nothing else. A stream that exists
+// with other arguments (a retention, say) is read as it is; a queue of
+// another type by its name fails Run. With Passive or Existing, a stream
+// that does not exist fails Run at once, with an error that names it.
+//
+// Messages arrive in offset order, in batches of what is already buffered.
+// Each batch's transaction also writes the consumer's checkpoint (the last
+// offset it settled), so a restart resumes exactly after the last committed
+// message. The inbox still deduplicates by message id: a producer that
+// published an event twice sees the copy acked as a duplicate.
+//
+// A message whose handler fails is retried in place (a stream has no retry
+// queue), after a backoff of RetryBaseDelay doubling to RetryMaxDelay, with
+// the messages after it waiting, until it succeeds or is dead-lettered
+// with reason max_attempts (a row in the dead-letter table; a stream has
+// no dead-letter queue either). The checkpoint never passes a message that
+// is not settled.
+//
+// Run the same worker in several processes: each Run waits for a
+// PostgreSQL advisory lock of (Name, Stream); the holder reads, the others
+// stand by and report ready, and one of them takes over within about a
+// second when the holder's database session ends. The lock saves work; the
+// inbox and the checkpoint in each transaction are what make an overlap
+// harmless.
+//
+// A rebuild (package replay) may replace the projection's tables while the
+// reader runs: each batch transaction begins by taking the consumer's swap
+// gate, a PostgreSQL advisory lock, in shared mode, so the swap waits for
+// the batch in flight and the next batch waits for the swap, then writes to
+// the rebuilt tables, from the same checkpoint.
+//
+// A stream keeps its history, so it can be read again: package replay runs
+// the same consumer's handler over a bounded range of it, to rebuild a
+// projection, to investigate without writing, or to repair selected
+// messages. The guide docs/streams.md walks through both.
 //
 // # Health and statistics
 //

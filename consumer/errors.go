@@ -1,11 +1,11 @@
 package consumer
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/configerr"
 )
 
 // Permanent wraps err so that the message is dead-lettered with reason
@@ -27,8 +27,9 @@ func DeadLetter(reason string, err error) error {
 	return &idem.DeadLetterError{Reason: reason, Err: err}
 }
 
-// ErrConfig is returned (wrapped) by New and Run for an unusable Config.
-var ErrConfig = errors.New("consumer: invalid config")
+// ErrConfig is returned (wrapped) by New and Run for an unusable Config. It
+// matches idem.ErrConfig.
+var ErrConfig = configerr.New("consumer: invalid config")
 
 func configError(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))

@@ -17,8 +17,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/pgnodes"
 )
 
 // A worker: a handler that adds deposits to balances, run over a queue
@@ -26,7 +27,7 @@ import (
 // applies the deposit once.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("IDEM_PG_URL"))
+	pool, err := pgnodes.New(ctx, os.Getenv("IDEM_PG_URL")) // a host that stops answering costs seconds
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -19,9 +19,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/testcluster"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testcluster"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -123,6 +124,7 @@ type failoverResult struct {
 	outage, baselineGap   time.Duration
 	promotion             time.Duration // the PostgreSQL stop and promotion, by the script
 	appliedAfterFault     int           // after the kill, or after the promotion ended
+	appliedInWindow       int           // from the fault to the end of its window (see window)
 	publishErrors         int
 }
 
@@ -165,8 +167,13 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 
 	name, queue := testdb.Name(tb, "w"), testdb.Name(tb, "q")
 	tb.Cleanup(func() { c.DeleteQueues(tb, queue, queue+".retry", queue+".dlq") })
+	workerURLs := c.AMQPURLs
+	var proxies map[string]*faultproxy.Proxy
+	if fault == faultBlackholeWorkerNode {
+		workerURLs, proxies = proxiedNodes(tb, c)
+	}
 	w, err := consumer.New(consumer.Config{
-		Name: name, Queue: queue, Pool: pool, AMQPURLs: c.AMQPURLs, Tables: tables,
+		Name: name, Queue: queue, Pool: pool, AMQPURLs: workerURLs, Tables: tables,
 		HandlerTimeout: 5 * time.Second, Logger: testrun.Logger(),
 	})
 	require.NoError(tb, err)
@@ -183,6 +190,8 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 	switch fault {
 	case faultWorkerNode:
 		r.victim = r.nodeBefore
+	case faultFreezeWorkerNode, faultFreezeLeader, faultBlackholeWorkerNode:
+		r.victim = arrangeFreeze(tb, c, fault, queue, r.nodeBefore)
 	case faultLeader, faultUnusedNode:
 		leader := leaderOtherThan(tb, c, queue, r.nodeBefore)
 		r.victim = leader
@@ -204,10 +213,19 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 		c.StopPGPrimary(tb)
 		c.PromotePGStandby(tb)
 		r.promotion = time.Since(faultAt)
+	} else if frozen(fault) {
+		c.Freeze(tb, r.victim)
+	} else if fault == faultBlackholeWorkerNode {
+		proxies[r.victim].Stall()
 	} else {
 		c.Kill(tb, r.victim)
 	}
-	time.Sleep(failoverAfter)
+	time.Sleep(window(fault))
+	if frozen(fault) {
+		c.Thaw(tb, r.victim)
+	} else if fault == faultBlackholeWorkerNode {
+		proxies[r.victim].Resume()
+	}
 	r.published, r.publishErrors = pub.stop(tb)
 
 	testrun.WaitFor(tb, 2*time.Minute, "every published message applied", func() bool {
@@ -230,17 +248,23 @@ func runFailover(tb testing.TB, fault string) failoverResult {
 		return nil
 	})
 	require.NoError(tb, err)
-	r.outage = longestGap(at, faultAt, faultAt.Add(failoverAfter))
+	r.outage = longestGap(at, faultAt, faultAt.Add(window(fault)))
 	r.baselineGap = longestGap(at, faultAt.Add(-failoverBefore+time.Second), faultAt)
 	for _, t := range at {
 		if t.After(faultAt.Add(r.promotion)) {
 			r.appliedAfterFault++
 		}
+		if t.After(faultAt) && t.Before(faultAt.Add(window(fault))) {
+			r.appliedInWindow++
+		}
 	}
 	tb.Logf("%s: victim %q, worker on %s then %s, %d published (%d publish errors), outage %s (promotion %s), baseline gap %s",
 		fault, r.victim, r.nodeBefore, r.nodeAfter, r.published, r.publishErrors, r.outage, r.promotion, r.baselineGap)
-	if r.victim != "" {
+	if r.victim != "" && fault != faultBlackholeWorkerNode {
 		c.Start(tb, r.victim)
+	}
+	if frozen(fault) {
+		waitWhole(tb, c, r.victim)
 	}
 	if fault == faultPGFailover {
 		c.RestorePG(tb)

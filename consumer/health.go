@@ -15,8 +15,12 @@ import (
 // consumer: reading, or standing by while another process reads), the
 // database takes writes (a probe over a connection of its own checks it
 // every 2 seconds, see health.Database: a refusal, 2 seconds of silence or
-// a read-only session make it not ready within about 6 seconds), and the
-// batch transactions have not kept failing for longer than 10 seconds.
+// a read-only session make it not ready within about 6 seconds), the
+// database answers the batches' own statements (one left unanswered for 3
+// seconds beyond its lock wait makes the consumer not ready at once, even
+// while the probe reaches another host: a pool whose connections went to a
+// primary that froze before its standby was promoted), and the batch
+// transactions have not kept failing for longer than 10 seconds.
 //
 // Live while its batches make progress: none has gone without a handler
 // finishing or a commit for longer than a handler may run (HandlerTimeout,
@@ -48,6 +52,10 @@ func (c *Consumer) Health() health.Status {
 		s.Ready = false
 		reasons = append(reasons, dbWhy)
 	}
+	if d, late := v.Unanswered(engine.AnswerLimit); late {
+		s.Ready = false
+		reasons = append(reasons, fmt.Sprintf("database: a batch statement unanswered for %s", d.Round(1e8)))
+	}
 	if d, why, failing := v.Failing(engine.FailingLimit); failing {
 		s.Ready = false
 		reasons = append(reasons, fmt.Sprintf("batches failing for %s: %s", d.Round(1e9), why))
@@ -61,4 +69,16 @@ func (c *Consumer) Health() health.Status {
 	}
 	s.Reason = strings.Join(reasons, "; ")
 	return s
+}
+
+// readiness is the consumer as its readiness gauge sees it
+// (health.ObserveReady, registered by New): its Health while a Run (or a
+// stream's) runs or after one failed, nothing before it first runs or
+// after it stopped.
+func (c *Consumer) readiness() health.Status {
+	v := &c.eng.Vitals
+	if !v.Running.Load() && v.Stopped.Load() == nil {
+		return health.Status{}
+	}
+	return c.Health()
 }

@@ -4,14 +4,16 @@ import (
 	"context"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 func TestHealthIsReadyOnlyWhileConsuming(t *testing.T) {
@@ -100,6 +102,54 @@ func TestHealthIsNotReadyWithinSecondsWhileTheDatabaseIsAway(t *testing.T) {
 			waitFor(t, 30*time.Second, "m-1 applied", func() bool { return e.eff.Counts()["m-1"] == 1 })
 		})
 	}
+}
+
+// A batch whose connection stops answering in the middle of its
+// transaction (a pool's connections to a primary that froze, while the
+// probe reaches a host that answers) makes the consumer not ready within
+// seconds of engine.AnswerLimit, long before the commit times out, while
+// the database probe is content; once the connection answers again the
+// consumer is ready and the message is applied once.
+func TestHealthIsNotReadyWhileABatchStatementGoesUnanswered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pool, proxy := testdb.Proxied(t)
+	inHandler, stalled := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if err := e.eff.Insert(ctx, tx, m.ID); err != nil {
+			return err
+		}
+		if m.ID == "m-1" { // the batch's next statement goes unanswered
+			once.Do(func() { close(inHandler); <-stalled })
+		}
+		return nil
+	}
+	c := e.newConsumer(h, func(cfg *Config) { cfg.Pool = pool; cfg.CommitTimeout = time.Minute })
+	start(t, c)
+	waitFor(t, 10*time.Second, "ready", func() bool { return c.Health().Ready })
+
+	e.publish("m-1", `{}`, nil)
+	select {
+	case <-inHandler:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+	proxy.StallOpen() // the batch's connection, and the probe's: new ones pass
+	stalledAt := time.Now()
+	close(stalled)
+	waitFor(t, 30*time.Second, "not ready for a statement unanswered, with the probe content", func() bool {
+		dbOK, _ := c.eng.DB.Check()
+		return dbOK && !c.Health().Ready
+	})
+	rep := c.Health()
+	t.Logf("not ready %s after the connection stopped answering: %s", time.Since(stalledAt).Round(time.Millisecond), rep.Reason)
+	require.Contains(t, rep.Reason, "unanswered")
+	require.Zero(t, e.eff.Counts()["m-1"], "the batch has not committed")
+
+	proxy.Resume()
+	waitFor(t, 30*time.Second, "m-1 applied", func() bool { return e.eff.Counts()["m-1"] == 1 })
+	waitFor(t, 30*time.Second, "ready again", func() bool { return c.Health().Ready })
 }
 
 // Batch transactions that keep failing are tracked from the first failure

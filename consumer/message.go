@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/canonjson"
 )
 
 // Handler processes one message inside the batch transaction tx. Its writes
@@ -47,45 +48,53 @@ func JSON[T any](fn func(ctx context.Context, tx pgx.Tx, m *Message, v T) error)
 // IDFunc extracts a message's identity from the message as the source
 // delivered it (m.ID is not set yet; m.MessageID is the message-id
 // property). An empty id without error means the message has none: it is
-// dead-lettered with reason "missing_message_id".
+// dead-lettered with reason "missing_message_id". An error wrapping
+// idem.ErrInvalidID (an id with no one spelling) dead-letters it with
+// reason "invalid_id", any other error with "invalid_message_id". Whatever
+// the function returns must be valid UTF-8 without NUL, or the message is
+// dead-lettered with "invalid_id": an id is refused, never repaired.
 type IDFunc func(m *Message) (string, error)
 
-// IDFromHeader uses the string header name.
+// IDFromHeader uses the string header name. A missing or void header is no
+// id; a header of another type, or one that is not valid UTF-8 text, is
+// refused with idem.ErrInvalidID.
 func IDFromHeader(name string) IDFunc {
 	return func(m *Message) (string, error) {
 		v, ok := m.Headers[name]
-		if !ok {
+		if !ok || v == nil {
 			return "", nil
 		}
 		s, ok := v.(string)
 		if !ok {
-			return "", fmt.Errorf("header %q is %T, want string", name, v)
+			return "", fmt.Errorf("%w: header %q is %T, want string", idem.ErrInvalidID, name, v)
+		}
+		if err := canonjson.CheckID(s); err != nil {
+			return "", fmt.Errorf("header %q: %w", name, err)
 		}
 		return s, nil
 	}
 }
 
-// IDFromJSONField uses the top-level string or number field of a JSON body.
+// IDFromJSONField uses the top-level string or number field of a JSON
+// body, read by the rules HashCanonicalJSON hashes by (those of
+// idem.CanonicalJSON), so that two spellings of one value are one id:
+//
+//   - a number is its canonical spelling: 1000, 1000.0, 1e3, 1E3 and 10e2
+//     are all the id "1000";
+//   - a string is its decoded content, kept exactly: the string "1000" and
+//     the number 1000 are the same id (their payloads hash differently, so
+//     the second is a payload_conflict, never a second message), the
+//     string "1e3" is the id "1e3";
+//   - a missing field, null or "" is no id (missing_message_id).
+//
+// A value with no one spelling is refused, never repaired, with reason
+// invalid_id: invalid UTF-8, an unpaired surrogate escape (\ud800), a NUL,
+// a number canonical JSON refuses (an exponent of more than 9 digits),
+// true, false, an array or an object. A body that is not a JSON object
+// idem.CanonicalJSON accepts is refused with invalid_message_id (or
+// decode_error first, under HashCanonicalJSON).
 func IDFromJSONField(field string) IDFunc {
-	return func(m *Message) (string, error) {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(m.Body, &obj); err != nil {
-			return "", fmt.Errorf("id field %q: %w", field, err)
-		}
-		raw, ok := obj[field]
-		if !ok || string(raw) == "null" {
-			return "", nil
-		}
-		var s string
-		if err := json.Unmarshal(raw, &s); err == nil {
-			return s, nil
-		}
-		var n json.Number
-		if err := json.Unmarshal(raw, &n); err == nil {
-			return n.String(), nil
-		}
-		return "", fmt.Errorf("id field %q is neither string nor number", field)
-	}
+	return func(m *Message) (string, error) { return canonjson.FieldID(m.Body, field) }
 }
 
 // IDFromPayloadHash derives the id from the payload hash: two messages with

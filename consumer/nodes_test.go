@@ -11,7 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 // deadNode is the URL of a node that refuses connections: nothing listens

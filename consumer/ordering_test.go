@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 // With an OrderingKey, a redelivered message (after a lost connection, a

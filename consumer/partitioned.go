@@ -7,10 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/partlease"
 	"github.com/idemkit/idem/internal/retry"
-	"github.com/idemkit/idem/partitions"
 )
 
 // partitionedSource consumes a partitioned queue: the consistent-hash exchange
@@ -39,6 +42,9 @@ func newPartitionedSource(cfg Config, eng *engine.Engine, afterCommit func()) (*
 	lease, err := partlease.New(partlease.Config{
 		Key: cfg.Tables.Schema + "/" + cfg.Name + "/" + cfg.Queue, Partitions: cfg.Partitions,
 		Conn: cfg.Pool.Config().ConnConfig, Logger: cfg.Logger,
+		// The gauge of partitions without a holder carries the consumer's metric attributes.
+		MeterProvider: cfg.MeterProvider, Attributes: []attribute.KeyValue{semconv.MessagingSystemRabbitMQ,
+			semconv.MessagingConsumerGroupName(cfg.Name), semconv.MessagingDestinationSubscriptionName(cfg.Queue)},
 	})
 	if err != nil {
 		return nil, err
@@ -49,13 +55,19 @@ func newPartitionedSource(cfg Config, eng *engine.Engine, afterCommit func()) (*
 // partition returns partition i's queueSource: its queue and retry queue,
 // bound to the exchange.
 func (p *partitionedSource) partition(i int) *queueSource {
-	c := p.cfg
-	c.Queue = partitions.QueueName(p.cfg.Queue, i)
-	c.RetryQueue = c.Queue + ".retry"
-	c.ConnectionName = fmt.Sprintf("%s p%d", p.cfg.ConnectionName, i)
-	src := newQueueSource(c, p.eng, p.afterCommit)
-	src.exchange = p.cfg.Queue
+	src := newQueueSource(p.cfg.partition(i), p.eng, p.afterCommit)
+	src.exchange = amqpnames.PartitionExchange(p.cfg.Queue)
 	return src
+}
+
+// partition is the configuration of partition i of c's partitioned queue:
+// its queue, its own retry queue, and a connection name of its own.
+func (c *Config) partition(i int) Config {
+	p := *c
+	p.ConnectionName = fmt.Sprintf("%s p%d", c.ConnectionName, i)
+	p.Queue = amqpnames.PartitionQueue(c.Queue, i)
+	p.RetryQueue = amqpnames.RetryQueue(p.Queue)
+	return p
 }
 
 // Run consumes the partitions this process holds until ctx is cancelled

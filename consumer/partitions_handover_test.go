@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/pglock"
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/partitions"
 )
 
@@ -29,7 +29,7 @@ import (
 // partition's events, and when (the applied events and the accounts'
 // partitions).
 
-// startOrderedWorker runs internal/testworker in ordered mode with label,
+// startOrderedWorker runs internal/testkit/testworker in ordered mode with label,
 // its PostgreSQL sessions named schema/label (application_name), so that
 // the test sees which process a backend, and the lease locks it holds,
 // belong to; it is killed when the test ends.

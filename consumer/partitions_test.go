@@ -14,7 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 	"github.com/idemkit/idem/partitions"
 )
 
@@ -185,7 +185,11 @@ func TestPartitionsKeepEachKeysOrderAcrossProcessesAndAKill(t *testing.T) {
 	started := time.Now()
 	joinAt := e.dbNow()
 	workers["w4"] = e.startOrderedWorker(parts, "w4")
-	pollUntil(t, started.Add(30*time.Second), "the partitions spread over w1, w3 and the joining w4", func() string {
+	// The join itself takes about two Intervals once w4 runs (it is
+	// logged below); the bound also covers starting a race-built process
+	// and its first connections on a machine that runs every package's
+	// tests at once.
+	pollUntil(t, started.Add(60*time.Second), "the partitions spread over w1, w3 and the joining w4", func() string {
 		flow.check(t)
 		st := e.leaseOf(parts)
 		if why := st.spreadOver("w1", "w3", "w4"); why != "" {

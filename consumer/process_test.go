@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 var (
@@ -25,7 +25,7 @@ var (
 	workerErr   error
 )
 
-// workerBinary builds internal/testworker once per test binary, without the
+// workerBinary builds internal/testkit/testworker once per test binary, without the
 // race detector (its instrumentation would distort resident memory).
 func workerBinary(t *testing.T) string {
 	t.Helper()
@@ -36,9 +36,9 @@ func workerBinary(t *testing.T) string {
 			return
 		}
 		workerBin = filepath.Join(dir, "testworker")
-		out, err := exec.Command("go", "build", "-o", workerBin, "github.com/idemkit/idem/internal/testworker").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", workerBin, "github.com/idemkit/idem/internal/testkit/testworker").CombinedOutput()
 		if err != nil {
-			workerErr = fmt.Errorf("go build internal/testworker: %v: %s", err, out)
+			workerErr = fmt.Errorf("go build internal/testkit/testworker: %v: %s", err, out)
 		}
 	})
 	if workerErr != nil {
@@ -47,7 +47,7 @@ func workerBinary(t *testing.T) string {
 	return workerBin
 }
 
-// startWorker runs internal/testworker in mode on e's queue and schema, and
+// startWorker runs internal/testkit/testworker in mode on e's queue and schema, and
 // returns it (its stdout is collected).
 func (e *env) startWorker(mode string, extra ...string) (*exec.Cmd, *bytes.Buffer) {
 	e.t.Helper()

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/amqpconn"
 	"github.com/idemkit/idem/internal/engine"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 type noAcks struct{}

@@ -11,7 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/amqpnames"
+	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -34,6 +37,7 @@ type session struct {
 	pub     *publisher
 	acks    *acker // settles ch's deliveries
 	gate    *amqpconn.Gate
+	screen  *amqpconn.Screen // notes the deliveries the client could not decode
 	dead    chan struct{}
 	once    sync.Once
 	why     error           // why the session was killed; set before dead closes
@@ -82,8 +86,30 @@ func (s *session) close() {
 	_ = s.pubConn.CloseDeadline(deadline)
 }
 
+// abandon closes the session's sockets without the AMQP close handshake,
+// for a session that died: its node may not answer a close (a frozen node
+// would hold each connection's close for closeTimeout), and the broker
+// requeues what was not acked either way.
+func (s *session) abandon() {
+	_ = s.sock.Close()
+	if s.pubSock != nil {
+		_ = s.pubSock.Close()
+	}
+}
+
 // closeTimeout bounds waiting for the broker's answer to a connection close.
 const closeTimeout = 5 * time.Second
+
+// screened dead-letters it, the item of delivery d, as undecodable when
+// the screen rewrote d's properties because the client could not decode
+// them (invariant 22): its handler never runs, its row is found by the
+// message id when the client could read it, else by "sha256:" and its
+// payload hash, and its dead-letter copy keeps its body.
+func (s *session) screened(it *engine.Item, d *amqp.Delivery) {
+	if why, ok := s.screen.Undecodable(d.ConsumerTag, d.DeliveryTag); ok {
+		it.Reject = &engine.Reject{Reason: deadletters.ReasonUndecodable, Err: why}
+	}
+}
 
 // signals are the session's notifications of its end.
 type signals struct {
@@ -110,17 +136,27 @@ func (s *session) notifications() signals {
 // Run returns them.
 var errFatal = errors.New("fatal broker error")
 
+// guards stand between a consume connection's socket and the client: the
+// gate bounds in bytes what it reads ahead, the screen keeps a message the
+// client cannot decode from closing the connection.
+type guards struct {
+	gate   *amqpconn.Gate
+	screen *amqpconn.Screen
+}
+
 // dial opens a connection to the first node of urls that answers, in a
-// shuffled order (amqpconn.DialAny); g, when set, gates its socket. It
+// shuffled order (amqpconn.DialAny); g, when set, guards its socket. It
 // returns the socket too, as the client uses it (writes with a deadline,
-// reads behind the gate): closing it is how brokerCall ends a call that
+// reads behind the guards): closing it is how brokerCall ends a call that
 // hangs. Each node's TCP connect and AMQP handshake are bounded by
 // dialTimeout, and end early when ctx does. A refusal that dialling again
 // cannot change (credentials, a vhost that does not exist) is errFatal.
-func (src *queueSource) dial(ctx context.Context, name string, g *amqpconn.Gate, urls []string) (*amqp.Connection, net.Conn, string, error) {
+func (src *queueSource) dial(ctx context.Context, name string, g *guards, urls []string) (*amqp.Connection, net.Conn, string, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	conn, sock, node, err := amqpconn.DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, dialTimeout,
+	cfg := amqp.Config{Properties: props, Heartbeat: amqpconn.Heartbeat, FrameSize: amqpconn.FrameMax,
+		TLSClientConfig: src.cfg.TLSConfig}
+	conn, sock, node, err := amqpconn.DialAny(ctx, urls, cfg, dialTimeout,
 		func(c net.Conn) net.Conn {
 			// A write that cannot go out within CommitTimeout (the broker
 			// blocks publishers on a memory or disk alarm, a half-open
@@ -128,7 +164,7 @@ func (src *queueSource) dial(ctx context.Context, name string, g *amqpconn.Gate,
 			// instead of blocking a worker for good.
 			c = amqpconn.WriteDeadline(c, src.cfg.CommitTimeout)
 			if g != nil {
-				c = amqpconn.Gated(c, g)
+				c = amqpconn.Screened(amqpconn.Gated(c, g.gate), g.screen)
 			}
 			return c
 		})
@@ -142,15 +178,17 @@ func (src *queueSource) dial(ctx context.Context, name string, g *amqpconn.Gate,
 }
 
 // dialTimeout bounds the TCP connect and the AMQP handshake.
-const dialTimeout = 10 * time.Second
+const dialTimeout = amqpconn.DialTimeout
 
 // brokerCall runs call, a synchronous method on the connection whose socket
 // is sock (channel.open, queue.declare, basic.qos, confirm.select,
-// basic.consume, basic.cancel), bounded by CommitTimeout and ctx (see
-// amqpconn.Bound). The connection is unusable after a call cut short;
-// every caller then ends its session.
+// basic.consume, basic.cancel), bounded by CommitTimeout, at most
+// amqpconn.AnswerTimeout, and ctx (see amqpconn.Bound). The connection is
+// unusable after a call cut short; every caller then ends its session, and
+// the next dials another node first (a node whose queue leader is frozen
+// never answers basic.consume).
 func (src *queueSource) brokerCall(ctx context.Context, sock net.Conn, call func() error) error {
-	return amqpconn.Bound(ctx, sock, src.cfg.CommitTimeout, call)
+	return amqpconn.Bound(ctx, sock, min(src.cfg.CommitTimeout, amqpconn.AnswerTimeout), call)
 }
 
 // fatal reports whether a broker's answer to a topology or consume call is
@@ -178,14 +216,18 @@ func fatal(err error) bool {
 // the session's batches run on a context derived from work.
 func (src *queueSource) connect(ctx, work context.Context, gen uint64) (_ *session, err error) {
 	g := amqpconn.NewGate(src.cfg.MaxBufferedBytes)
-	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, g, src.nodes)
+	screen := amqpconn.NewScreen()
+	conn, sock, node, err := src.dial(ctx, src.cfg.ConnectionName, &guards{gate: g, screen: screen}, src.nodes)
 	if err != nil {
 		return nil, err
 	}
-	s := &session{gen: gen, node: node, conn: conn, sock: sock, gate: g, dead: make(chan struct{})}
+	s := &session{gen: gen, node: node, conn: conn, sock: sock, gate: g, screen: screen, dead: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancelCause(work)
 	defer func() {
 		if err != nil {
+			if ctx.Err() == nil {
+				amqpconn.Suspect(node)
+			}
 			s.cancel(err)
 			g.Release()
 			_ = conn.Close()
@@ -235,9 +277,6 @@ type publisher struct {
 	returns chan amqp.Return
 	seq     atomic.Uint64
 }
-
-// publishIDHeader correlates a returned message with its publish.
-const publishIDHeader = "x-idem-publish-id"
 
 // outgoing is one message to publish to a queue through the default exchange.
 type outgoing struct {
@@ -293,7 +332,7 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (fates []f
 	ids := make(map[string]int, len(out))
 	for i, o := range out {
 		id := strconv.FormatUint(p.seq.Add(1), 10)
-		o.msg.Headers[publishIDHeader] = id
+		o.msg.Headers[amqpnames.HeaderPublishID] = id
 		ids[id] = i
 		confirms[i], err = p.ch.PublishWithDeferredConfirmWithContext(ctx, "", o.queue, true, false, o.msg)
 		if err != nil {
@@ -319,7 +358,7 @@ func (p *publisher) publishChunk(ctx context.Context, out []outgoing) (fates []f
 			if !open { // the channel closed: its returns were all queued before
 				return fates, nil
 			}
-			id, _ := r.Headers[publishIDHeader].(string)
+			id, _ := r.Headers[amqpnames.HeaderPublishID].(string)
 			if i, found := ids[id]; found {
 				fates[i] = returned
 			}

@@ -11,9 +11,10 @@ package consumer
 // A message's path through it is three rooms: source.go (the session loop,
 // receiving and routing, the workers' batches), window.go (taken into the
 // window of unsettled deliveries; settled out of it), and, only when it
-// fails, copies.go (its retry or dead-letter copy). session.go dials and
-// publishes, topology.go declares, partitioned.go runs one queueSource per
-// partition this process holds.
+// fails, copies.go (its retry or dead-letter copy) or, with an ordering
+// key, hold.go (held in its worker, with its key, until its retry).
+// session.go dials and publishes, topology.go declares, partitioned.go runs
+// one queueSource per partition this process holds.
 
 import (
 	"context"
@@ -28,6 +29,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/amqpurl"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/retry"
@@ -148,6 +151,9 @@ func (src *queueSource) consume(ctx context.Context) error {
 		src.setConnected(false)
 		if err != nil {
 			vitals.SetTrouble("broker session ended: " + err.Error())
+			if ctx.Err() == nil {
+				s.abandon()
+			}
 		}
 		s.close()
 		if ctx.Err() != nil {
@@ -158,6 +164,7 @@ func (src *queueSource) consume(ctx context.Context) error {
 			log.Error("broker session ended; not retrying", "generation", s.gen, "error", err)
 			return err
 		}
+		amqpconn.Suspect(s.node) // the next session dials the other nodes first
 		if s.worked(time.Since(started)) {
 			failures = 0 // back off from scratch
 		}
@@ -208,6 +215,9 @@ type delivery struct {
 	d  amqp.Delivery
 	it *engine.Item
 	s  *session
+	// unresolved counts its batches in a row that did not commit while a
+	// keyHold held it.
+	unresolved int
 }
 
 // routeBurst bounds the deliveries serve routes in a row before it looks at
@@ -380,6 +390,7 @@ func (r *router) burst(ctx context.Context, d amqp.Delivery, ok bool, deliveries
 		r.src.message(&ds[i], received, &msgs[i])
 	}
 	for i, it := range r.src.eng.PrepareAll(msgs) {
+		s.screened(it, &ds[i])
 		if !r.route(ctx, &delivery{d: ds[i], s: s, it: it}) {
 			if !s.alive() {
 				return len(ds), true, fmt.Errorf("session ended: %w", s.why)
@@ -430,6 +441,9 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 		src.eng.Telemetry().Redelivered(ctx)
 	}
 	dv.it.Returned = cameBackFrom(dv.d.Headers, src.cfg.RetryQueue)
+	if src.orderingKey != nil {
+		dv.it.Key = src.orderingKey(dv.it.Message) // a failed message holds its key (see keyHold)
+	}
 	in := r.suspects
 	// With an ordering key a redelivery goes to its key's worker like the
 	// key's other messages, which runs it alone in its place (see
@@ -438,8 +452,12 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 	if !dv.it.Suspect || src.orderingKey != nil {
 		in = r.inputs[0]
 		if len(r.inputs) > 1 {
+			key := dv.it.Key
+			if src.orderingKey == nil {
+				key = r.key(dv.it.Message)
+			}
 			h := fnv.New32a()
-			h.Write([]byte(r.key(dv.it.Message)))
+			h.Write([]byte(key))
 			in = r.inputs[h.Sum32()%uint32(len(r.inputs))]
 		}
 	}
@@ -458,106 +476,139 @@ func (r *router) route(ctx context.Context, dv *delivery) bool {
 	}
 }
 
-// isSuspect reports a delivery the broker made before: redelivered, or
-// counted by a quorum queue.
-func isSuspect(d *amqp.Delivery) bool {
-	n, _ := headerInt(d.Headers, "x-delivery-count")
-	return d.Redelivered || n > 0
-}
+// isSuspect reports a delivery the broker made before: its redelivered
+// flag, which only the broker sets. A quorum queue's x-delivery-count is
+// not read here: a publisher can set that header on a first delivery (the
+// queue adds it only once it counts a return), and would make every message
+// run alone.
+func isSuspect(d *amqp.Delivery) bool { return d.Redelivered }
 
 // cameBackFrom reports whether the delivery's x-death names queue: it came
 // back from the retry queue. A publisher can forge the header; it only makes
 // the engine read the attempts table, which a publisher cannot write.
 func cameBackFrom(h amqp.Table, queue string) bool {
-	deaths, _ := h["x-death"].([]any)
-	for _, d := range deaths {
-		if t, ok := d.(amqp.Table); ok && t["queue"] == queue {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(amqpnames.Deaths(h), func(d amqpnames.Death) bool { return d.Queue == queue })
 }
 
 // worker takes batches from in and runs them until stop is closed. A batch
 // is what is already buffered, up to BatchMaxSize; when more than one message
-// is waiting it waits up to BatchMaxWait for the batch to fill.
+// is waiting it waits up to BatchMaxWait for the batch to fill. With an
+// ordering key, a delivery whose key is held behind a failed message waits
+// in the worker's keyHold instead, and what the hold releases goes first.
 func (src *queueSource) worker(s *session, in <-chan *delivery, stop <-chan struct{}) {
 	batch := make([]*delivery, 0, src.cfg.BatchMaxSize)
 	var carry []*delivery // postponed by the last batch: they run in this one
 	var timer *time.Timer
+	h := src.newKeyHold(s) // nil without an ordering key
+	defer h.stop()
 	for {
 		// Reused arrays must not keep old deliveries (their bodies) alive.
 		clear(batch[:cap(batch)])
 		batch = append(batch[:0], carry...)
 		clear(carry)
 		carry = carry[:0]
+		size := src.batchLimit()
+		var wake <-chan time.Time
+		if h != nil {
+			batch, wake = h.take(batch, size), h.wake()
+		}
 		if len(batch) == 0 {
 			select {
 			case <-stop:
 				return
+			case <-wake:
+				continue
 			case d := <-in:
-				batch = append(batch, d)
+				if batch = add(batch, d, h); len(batch) == 0 {
+					continue
+				}
 			}
 		}
-		size := src.batchLimit()
 	drain:
 		for len(batch) < size {
 			select {
 			case d := <-in:
-				batch = append(batch, d)
+				batch = add(batch, d, h)
 			default:
 				break drain
 			}
 		}
 		if len(batch) > 1 && len(batch) < size && src.cfg.BatchMaxWait > 0 {
-			if timer == nil {
-				timer = time.NewTimer(src.cfg.BatchMaxWait)
-			} else {
-				timer.Reset(src.cfg.BatchMaxWait)
-			}
-		fill:
-			for len(batch) < size {
-				select {
-				case d := <-in:
-					batch = append(batch, d)
-				case <-timer.C:
-					break fill
-				case <-stop:
-					break fill
-				}
-			}
-			timer.Stop()
+			batch = src.fill(batch, size, in, stop, h, &timer)
 		}
 		select {
 		case <-stop:
 			return // not started: left unacked for redelivery
 		default:
 		}
-		carry = src.runInOrder(s, batch, carry, stop)
+		carry = src.runInOrder(s, batch, carry, stop, h)
 	}
+}
+
+// fill waits up to BatchMaxWait for batch to fill up to size.
+func (src *queueSource) fill(batch []*delivery, size int, in <-chan *delivery, stop <-chan struct{}, h *keyHold, timer **time.Timer) []*delivery {
+	if *timer == nil {
+		*timer = time.NewTimer(src.cfg.BatchMaxWait)
+	} else {
+		(*timer).Reset(src.cfg.BatchMaxWait)
+	}
+	defer (*timer).Stop()
+	for len(batch) < size {
+		select {
+		case d := <-in:
+			batch = add(batch, d, h)
+		case <-(*timer).C:
+			return batch
+		case <-stop:
+			return batch
+		}
+	}
+	return batch
+}
+
+// add appends d to batch, unless h (with an ordering key) holds its key:
+// then d waits behind the key's failed message.
+func add(batch []*delivery, d *delivery, h *keyHold) []*delivery {
+	if h != nil && h.add(d) {
+		return batch
+	}
+	return append(batch, d)
 }
 
 // runInOrder runs batch: with an ordering key a worker receives its keys'
 // redeliveries too (see router.route), and runs each alone in its place:
 // the messages before it as a batch, then it alone (a redelivery may be a
-// poison message that killed a worker), then the rest. Segments not
-// started when stop closes are left unacked for redelivery.
-func (src *queueSource) runInOrder(s *session, batch, carry []*delivery, stop <-chan struct{}) []*delivery {
+// poison message that killed a worker), then the rest, without the
+// deliveries of a key held by what ran before them (see keyHold). Segments
+// not started when stop closes are left unacked for redelivery.
+func (src *queueSource) runInOrder(s *session, batch, carry []*delivery, stop <-chan struct{}, h *keyHold) []*delivery {
+	if h != nil {
+		defer h.sweep()
+	}
 	for len(batch) > 0 {
 		i := slices.IndexFunc(batch, func(d *delivery) bool { return d.it.Suspect })
 		if i < 0 {
-			return src.runBatch(s, batch, carry)
+			return src.runBatch(s, batch, carry, h)
 		}
 		if i > 0 {
-			carry = src.runBatch(s, batch[:i], carry)
+			carry = src.runBatch(s, batch[:i], carry, h)
 		}
 		select {
 		case <-stop:
 			return carry
 		default:
 		}
-		src.runAlone(s, batch[i])
+		if h != nil {
+			if batch = h.divert(batch[i:]); len(batch) == 0 || !batch[0].it.Suspect {
+				continue
+			}
+			i = 0
+		}
+		src.runAlone(s, batch[i], h)
 		batch = batch[i+1:]
+		if h != nil {
+			batch = h.divert(batch)
+		}
 	}
 	return carry
 }
@@ -567,12 +618,16 @@ func (src *queueSource) batchLimit() int { return src.cfg.BatchMaxSize }
 
 // runBatch runs a batch from one session and settles it with the broker;
 // the messages the batch postponed are appended to carry, for the next one.
-func (src *queueSource) runBatch(s *session, batch, carry []*delivery) []*delivery {
+// With an ordering key, h keeps what the batch did not settle.
+func (src *queueSource) runBatch(s *session, batch, carry []*delivery, h *keyHold) []*delivery {
 	items := make([]*engine.Item, len(batch))
 	for i, d := range batch {
 		items[i] = d.it
 	}
 	results := src.eng.Run(s.ctx, items, src.sessionPolicy(s))
+	if h != nil {
+		batch, results = h.keep(s.ctx, batch, results)
+	}
 	settled, done, postponed := batch[:0:0], results[:0:0], results[:0:0]
 	for i, r := range results {
 		if r.Outcome == idem.Postponed {
@@ -611,16 +666,19 @@ func (src *queueSource) isolate(s *session, suspects <-chan *delivery, stop <-ch
 				return // not started: left unacked for redelivery
 			default:
 			}
-			src.runAlone(s, d)
+			src.runAlone(s, d, nil)
 		}
 	}
 }
 
 // runAlone runs one suspected delivery alone (engine.RunAlone) and settles
-// it.
-func (src *queueSource) runAlone(s *session, d *delivery) {
-	r := src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))
-	src.settle(s.ctx, s, []*delivery{d}, []engine.Result{r})
+// it; with an ordering key, h keeps it if it did not settle.
+func (src *queueSource) runAlone(s *session, d *delivery, h *keyHold) {
+	batch, results := []*delivery{d}, []engine.Result{src.eng.RunAlone(s.ctx, d.it, src.sessionPolicy(s))}
+	if h != nil {
+		batch, results = h.keep(s.ctx, batch, results)
+	}
+	src.settle(s.ctx, s, batch, results)
 }
 
 // headerInt reads an integer header of any AMQP integer type; other types

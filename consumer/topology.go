@@ -6,7 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem/partitions"
+	"github.com/idemkit/idem/internal/amqpnames"
 )
 
 // The topology a consumer declares: its queue, a retry queue whose expired
@@ -15,6 +15,19 @@ import (
 // idem declares lives on one node: losing any one node of a cluster loses
 // neither a pending retry nor a dead letter, and declaring the topology
 // again on another node never meets a queue whose home node is down.
+
+// queues are the queues c's consumer declares: see Consumer.Queues.
+func (c *Config) queues() []string {
+	if c.Partitions == 0 {
+		return []string{c.Queue, c.RetryQueue, c.DeadLetterQueue}
+	}
+	out := make([]string, 0, 2*c.Partitions+1)
+	for i := range c.Partitions {
+		p := c.partition(i)
+		out = append(out, p.Queue, p.RetryQueue)
+	}
+	return append(out, c.DeadLetterQueue)
+}
 
 // declare sets up the queue, the retry queue and the dead-letter queue on
 // ch, as Config.Topology says, and returns the channel to
@@ -65,7 +78,7 @@ func (src *queueSource) declare(conn *amqp.Connection, ch *amqp.Channel) (*amqp.
 			}
 		}
 		if src.exchange != "" {
-			if err := ch.ExchangeDeclarePassive(src.exchange, partitions.ExchangeType, true, false, false, false, nil); err != nil {
+			if err := ch.ExchangeDeclarePassive(src.exchange, amqpnames.PartitionExchangeType, true, false, false, false, nil); err != nil {
 				return ch, fmt.Errorf("exchange %s: %w", src.exchange, err)
 			}
 		}
@@ -81,8 +94,8 @@ const partitionWeight = "1"
 // declareExchange declares a partitioned consumer's consistent-hash
 // exchange, which hashes each message's routing key.
 func declareExchange(ch *amqp.Channel, name string) error {
-	if err := ch.ExchangeDeclare(name, partitions.ExchangeType, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("exchange %s (%s, from the rabbitmq_consistent_hash_exchange plugin): %w", name, partitions.ExchangeType, err)
+	if err := ch.ExchangeDeclare(name, amqpnames.PartitionExchangeType, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("exchange %s (%s, from the rabbitmq_consistent_hash_exchange plugin): %w", name, amqpnames.PartitionExchangeType, err)
 	}
 	return nil
 }

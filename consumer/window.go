@@ -54,6 +54,9 @@ func (src *queueSource) settle(ctx context.Context, s *session, batch []*deliver
 		}
 		src.held.Store(s.gate.Held())
 		src.eng.Count(ctx, countable(results, stored)) // once the broker has been told
+		if src.orderingKey != nil {
+			src.countGaps(ctx, results, stored)
+		}
 	}()
 	out, outIdx := src.outgoing(batch, results)
 	if !s.alive() {
@@ -218,6 +221,12 @@ type acker struct {
 	// closing sends every ack at once, one by one: the session is ending
 	// and the deliveries blocking a multiple ack will never be settled.
 	closing bool
+	// parked holds the unsettled tags that a keyHold holds back, for as
+	// long as a retry's backoff: while the lowest unsettled delivery is
+	// one of them, every waiting ack goes out at once, one by one, rather
+	// than keep room in the prefetch window (and come back as a duplicate
+	// if the session dies) for that long.
+	parked map[uint64]struct{}
 	// sent reports that an ack frame went out on the channel.
 	sent atomic.Bool
 }
@@ -256,9 +265,11 @@ func (a *acker) settle(acks, nacks []uint64) error {
 			return fmt.Errorf("nack %d: %w", tag, err)
 		}
 		delete(a.unsettled, tag)
+		delete(a.parked, tag)
 	}
 	for _, tag := range acks {
 		delete(a.unsettled, tag)
+		delete(a.parked, tag)
 		a.waiting[tag] = struct{}{}
 	}
 	if a.closing {
@@ -294,10 +305,15 @@ func (a *acker) settle(acks, nacks []uint64) error {
 	return a.unload()
 }
 
-// unload acks the oldest waiting tags one by one when more than maxWaiting
-// wait and the lowest unsettled delivery has not settled for hold; before
-// that, it arms holdTimer to do so then, unless a settle does it first.
+// unload acks every waiting tag one by one when the lowest unsettled
+// delivery is parked; else it acks the oldest waiting tags one by one when
+// more than maxWaiting wait and the lowest unsettled delivery has not
+// settled for hold, and before that, it arms holdTimer to do so then,
+// unless a settle does it first.
 func (a *acker) unload() error {
+	if _, ok := a.parked[a.low]; ok && !a.closing {
+		return a.ackEach()
+	}
 	if a.closing || len(a.waiting) <= a.maxWaiting {
 		return nil
 	}
@@ -340,6 +356,23 @@ func (a *acker) ackOldest(n int) error {
 	return nil
 }
 
+// park marks tags, unsettled, as held back for a while (see parked), until
+// they are settled; it acks what waits above them if that is now due. An
+// error means the channel failed, as for settle.
+func (a *acker) park(tags ...uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.parked == nil {
+		a.parked = map[uint64]struct{}{}
+	}
+	for _, tag := range tags {
+		if _, ok := a.unsettled[tag]; ok {
+			a.parked[tag] = struct{}{}
+		}
+	}
+	return a.unload()
+}
+
 // flush acks every waiting tag one by one, and from then on acks as soon as
 // settle is called. Call it when the session ends on purpose (shutdown, an
 // unroutable dead-letter queue), before cancelling the consumer: the
@@ -362,16 +395,9 @@ func (a *acker) unsent() int {
 	return len(a.waiting)
 }
 
-// ackEach acks every waiting tag with a frame of its own.
+// ackEach acks every waiting tag with a frame of its own, lowest first.
 func (a *acker) ackEach() error {
-	for tag := range a.waiting {
-		if err := a.ch.Ack(tag, false); err != nil {
-			return fmt.Errorf("ack %d: %w", tag, err)
-		}
-		delete(a.waiting, tag)
-		a.sent.Store(true)
-	}
-	return nil
+	return a.ackOldest(len(a.waiting))
 }
 
 // alive reports that the session has not died.

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 )
 
 // The dead letters of one reason, newest first.
@@ -42,6 +42,35 @@ func ExampleList() {
 	}
 	// Output:
 	// billing m-7 max_attempts 5 gateway down true
+}
+
+// What waits for an operator, by consumer and reason: how many, since when.
+func ExampleGroups() {
+	ctx := context.Background()
+	pool, tables, done := exampleDB(ctx)
+	defer done()
+	for _, r := range []struct{ consumer, reason, ago string }{
+		{"billing", "max_attempts", "3 hours"}, {"billing", "max_attempts", "1 hour"}, {"shipping", "payload_conflict", "2 hours"},
+	} {
+		_, err := pool.Exec(ctx, "INSERT INTO "+tables.Table("dead_letters")+` (consumer, message_id, payload_hash, reason, dead_lettered_at)
+			VALUES ($1, 'm', sha256('m'), $2, now() - $3::interval)`, r.consumer, r.reason, r.ago)
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	groups, more, err := deadletters.Groups(ctx, pool, tables, deadletters.GroupFilter{By: deadletters.ByConsumerReason})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, g := range groups {
+		fmt.Println(g.Consumer, g.Reason, g.Count, g.Newest.Sub(g.Oldest).Round(time.Hour))
+	}
+	fmt.Println("more:", more)
+	// Output:
+	// billing max_attempts 2 2h0m0s
+	// shipping payload_conflict 1 0s
+	// more: false
 }
 
 // Once the gateway is back, the messages that ran out of attempts go back to

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/amqpnames"
 )
 
 // Headers idem reads and writes on redriven messages.
@@ -15,13 +17,13 @@ const (
 	// x-idem-consumer, x-idem-attempts, x-idem-attempt, the hashes, the
 	// broker's x-death…) and HistoryRedrivenAt, HistoryRedrivenBy and
 	// HistoryRedrivenFrom.
-	HistoryHeader = "x-idem-history"
+	HistoryHeader = amqpnames.HeaderHistory
 	// HistoryRedrivenAt is when the message was redriven (a timestamp).
-	HistoryRedrivenAt = "x-idem-redriven-at"
+	HistoryRedrivenAt = amqpnames.HeaderRedrivenAt
 	// HistoryRedrivenBy is who redrove it ("" when unknown).
-	HistoryRedrivenBy = "x-idem-redriven-by"
+	HistoryRedrivenBy = amqpnames.HeaderRedrivenBy
 	// HistoryRedrivenFrom is the dead-letter queue it came from.
-	HistoryRedrivenFrom = "x-idem-redriven-from"
+	HistoryRedrivenFrom = amqpnames.HeaderRedrivenFrom
 )
 
 // Headers the runtime sets on the copies it publishes to a retry or a
@@ -31,24 +33,29 @@ const (
 // attempts table.
 const (
 	// HeaderReason is why the message was dead-lettered.
-	HeaderReason = "x-idem-reason"
+	HeaderReason = amqpnames.HeaderReason
 	// HeaderError is the handler's error, or the dead letter's cause.
-	HeaderError = "x-idem-error"
+	HeaderError = amqpnames.HeaderError
 	// HeaderConsumer is the consumer that dead-lettered it.
-	HeaderConsumer = "x-idem-consumer"
+	HeaderConsumer = amqpnames.HeaderConsumer
 	// HeaderAttempts is how many times it was tried, on a dead letter.
-	HeaderAttempts = "x-idem-attempts"
+	HeaderAttempts = amqpnames.HeaderAttempts
 	// HeaderAttempt is the attempt it is parked for, on a retry.
-	HeaderAttempt = "x-idem-attempt"
+	HeaderAttempt = amqpnames.HeaderAttempt
 	// HeaderPayloadHash is its payload hash, in hex.
-	HeaderPayloadHash = "x-idem-payload-hash"
+	HeaderPayloadHash = amqpnames.HeaderPayloadHash
+	// HeaderMessageID is, on a dead letter, the message id its dead-letter
+	// row records: the id the consumer derived (consumer.Config.MessageID),
+	// or "" when it found no usable one (the row then records "sha256:" and
+	// the payload hash). Redrive matches the copy to its rows by it.
+	HeaderMessageID = amqpnames.HeaderMessageID
 	// HeaderStoredHash is the hash the inbox holds under its id, in hex,
 	// on a payload conflict.
-	HeaderStoredHash = "x-idem-stored-hash"
+	HeaderStoredHash = amqpnames.HeaderStoredHash
 	// HeaderOriginalExchange and HeaderOriginalRoutingKey are the route it
 	// was first published with.
-	HeaderOriginalExchange   = "x-idem-original-exchange"
-	HeaderOriginalRoutingKey = "x-idem-original-routing-key"
+	HeaderOriginalExchange   = amqpnames.HeaderOriginalExchange
+	HeaderOriginalRoutingKey = amqpnames.HeaderOriginalRoutingKey
 )
 
 // kept are the x-idem- headers a redriven message keeps: its original route,
@@ -67,9 +74,7 @@ func moves(name string) bool {
 	if kept[name] {
 		return false
 	}
-	n := strings.ToLower(name)
-	return strings.HasPrefix(n, "x-idem-") || n == "x-death" ||
-		strings.HasPrefix(n, "x-first-death-") || strings.HasPrefix(n, "x-last-death-")
+	return strings.HasPrefix(strings.ToLower(name), amqpnames.HeaderPrefix) || amqpnames.IsDeathHeader(name)
 }
 
 // redriveHeaders returns the headers a redriven copy of a message with
@@ -102,34 +107,6 @@ func redriveHeaders(h amqp.Table, at time.Time, by, from string) amqp.Table {
 	}
 	out[HistoryHeader] = append(history, entry)
 	return out
-}
-
-// reason is why a message was dead-lettered: idem's x-idem-reason, or the
-// broker's dead-letter reason (delivery_limit, rejected, expired, maxlen)
-// for a message the broker dead-lettered itself.
-func reason(h amqp.Table) string {
-	if r, ok := h[HeaderReason].(string); ok {
-		return r
-	}
-	if r, ok := h["x-first-death-reason"].(string); ok {
-		return r
-	}
-	if deaths, ok := h["x-death"].([]any); ok && len(deaths) > 0 {
-		if d, ok := deaths[0].(amqp.Table); ok {
-			if r, ok := d["reason"].(string); ok {
-				return r
-			}
-		}
-	}
-	return ""
-}
-
-// matches reports whether d is selected by o's filters.
-func (o RedriveOptions) matches(d amqp.Delivery) bool {
-	consumer, _ := d.Headers[HeaderConsumer].(string)
-	return (o.Consumer == "" || consumer == o.Consumer) &&
-		(o.MessageID == "" || d.MessageId == o.MessageID) &&
-		(o.Reason == "" || reason(d.Headers) == o.Reason)
 }
 
 // republish is the copy of d published back to the queue: the same body,

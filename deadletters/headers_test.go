@@ -25,7 +25,7 @@ func TestASecondRedriveAppendsToTheHistoryNewestLast(t *testing.T) {
 	}
 	again["x-death"] = []any{amqp.Table{"reason": "delivery_limit", "queue": "q"}}
 	again["x-first-death-reason"] = "delivery_limit"
-	require.Equal(t, "delivery_limit", reason(again))
+	require.Equal(t, "delivery_limit", identify(amqp.Delivery{Headers: again}, "q", "").reason)
 	second := redriveHeaders(again, t2, "", "q.dlq")
 	history := second[HistoryHeader].([]any)
 	require.Len(t, history, 2)
@@ -35,11 +35,4 @@ func TestASecondRedriveAppendsToTheHistoryNewestLast(t *testing.T) {
 	require.Equal(t, t2.UTC(), history[1].(amqp.Table)[HistoryRedrivenAt])
 	require.NotContains(t, second, "x-death")
 	require.Equal(t, "t-1", second["tenant"])
-}
-
-func TestReasonPrefersIdemsOwnHeader(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, "payload_conflict", reason(amqp.Table{"x-idem-reason": "payload_conflict", "x-first-death-reason": "rejected"}))
-	require.Equal(t, "expired", reason(amqp.Table{"x-death": []any{amqp.Table{"reason": "expired"}}}))
-	require.Empty(t, reason(amqp.Table{}))
 }

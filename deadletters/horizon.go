@@ -2,15 +2,11 @@ package deadletters
 
 import (
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 )
 
@@ -20,79 +16,78 @@ import (
 // processed meanwhile. Redrive asks the consumer's inbox horizon
 // (inbox.Inbox.CheckSeen) with the time the message entered the dead-letter
 // queue, and leaves in the queue every message that entered it no later
-// than the newest sighting retention forgot. Before it asks, it touches the
-// message's row (inbox.Inbox.Touch), so that a clean-up running meanwhile
-// either deletes the row first, and records the horizon that refuses the
-// message, or leaves it to outlive the message's trip back.
+// than the newest sighting retention forgot, or whose consumer or entry
+// time cannot be told. Before it asks, it touches the message's own inbox
+// row (inbox.Inbox.Touch, by the consumer and id of match.go), so that a
+// clean-up running meanwhile either deletes the row first, and records the
+// horizon that refuses the message, or leaves it to outlive the message's
+// trip back.
 
-// enteredSQL is when the dead-letter row that marks a message (the row
-// markSQL would mark) was written, and the message id it holds.
-func enteredSQL(t idem.Tables) string {
-	return `SELECT dead_lettered_at, message_id FROM ` + t.WithDefaults().Table("dead_letters") + `
-WHERE consumer = $1 AND payload_hash = $2 AND ($3::text IS NULL OR reason = $3::text) AND redriven_at IS NULL
-ORDER BY id LIMIT 1`
+// maxRefusals bounds RedriveResult.Refusals; Refused counts every one.
+const maxRefusals = 100
+
+// Refusal is a message Redrive left in the dead-letter queue because it
+// could come back without its inbox row, or because that cannot be told.
+type Refusal struct {
+	// MessageID is the id its rows are matched by (see Redrive); "" when
+	// it has none.
+	MessageID string
+	// Consumer is the consumer it was judged for; "" when nothing named
+	// one.
+	Consumer string
+	// Reason is why it was dead-lettered (x-idem-reason, or the broker's).
+	Reason string
+	// Err says why it stayed. It wraps inbox.ErrBeyondHorizon, and is an
+	// *inbox.HorizonError when its time was judged against the horizon.
+	Err error
 }
 
-// beyondHorizon returns an error wrapping inbox.ErrBeyondHorizon when d
-// could come back without its inbox row, or when the consumer or the time
-// it entered the dead-letter queue cannot be known, which leaves the
-// question open; nil when it may go back.
-func (r *redrive) beyondHorizon(ctx context.Context, d amqp.Delivery) error {
+// admit returns nil when the message l, taken as d, may go back, or an
+// error wrapping inbox.ErrBeyondHorizon that says why not. It first finds
+// l's own dead-letter row (besides the rows taken by the chunk in hand),
+// which Redrive marks and which says when l entered, and touches l's own
+// inbox row.
+func (r *redrive) admit(ctx context.Context, l *letter, d amqp.Delivery, taken []int64) error {
+	if l.consumer == "" {
+		if r.o.AllowBeyondHorizon {
+			return nil
+		}
+		return fmt.Errorf("%w: message %q names no consumer: the broker dead-lettered it (x-death), or it is not idem's; "+
+			"pass its consumer (RedriveOptions.Consumer, --consumer) to judge it against that consumer's inbox horizon",
+			inbox.ErrBeyondHorizon, l.id)
+	}
+	if err := r.findRow(ctx, l, d, taken); err != nil {
+		return err
+	}
+	if _, err := r.ib.Touch(ctx, r.o.Pool, l.consumer, l.id); err != nil {
+		return fmt.Errorf("deadletters: redrive: %w", err)
+	}
 	if r.o.AllowBeyondHorizon {
 		return nil
 	}
-	consumer, _ := d.Headers[HeaderConsumer].(string)
-	if consumer == "" {
-		consumer = r.o.Consumer
+	at := l.entered()
+	switch {
+	case at.IsZero() && l.own():
+		return fmt.Errorf("%w: no dead-letter row of consumer %q is left for message %q (%s) with its payload: "+
+			"retention deleted it, or a redrive marked it, so when it entered %s cannot be told",
+			inbox.ErrBeyondHorizon, l.consumer, l.id, l.reason, r.o.DeadLetterQueue)
+	case at.IsZero():
+		return fmt.Errorf("%w: message %q carries no x-death time and no dead-letter row of consumer %q records it: "+
+			"when it entered %s cannot be told", inbox.ErrBeyondHorizon, l.id, l.consumer, r.o.DeadLetterQueue)
 	}
-	if consumer == "" {
-		return fmt.Errorf("%w: message %q names no consumer (x-idem-consumer): pass the consumer (--consumer) to check its inbox horizon",
-			inbox.ErrBeyondHorizon, d.MessageId)
-	}
-	at, id, err := r.entered(ctx, consumer, d)
-	if err != nil {
-		return err
-	}
-	if _, err := r.ib.Touch(ctx, r.o.Pool, consumer, id); err != nil {
-		return fmt.Errorf("deadletters: redrive: %w", err)
-	}
-	if err := r.ib.CheckSeen(ctx, r.o.Pool, consumer, at); err != nil {
-		return fmt.Errorf("message %q entered %s at %s: %w", d.MessageId, r.o.DeadLetterQueue,
-			at.UTC().Format(time.RFC3339), err)
+	if err := r.ib.CheckSeen(ctx, r.o.Pool, l.consumer, at); err != nil {
+		return fmt.Errorf("message %q entered %s at %s: %w", l.id, r.o.DeadLetterQueue, at.UTC().Format(time.RFC3339), err)
 	}
 	return nil
 }
 
-// entered returns when d entered the dead-letter queue and its message id:
-// its dead-letter row's time and id, or for a message the broker
-// dead-lettered itself the time of its x-death entry and its message-id
-// property.
-func (r *redrive) entered(ctx context.Context, consumer string, d amqp.Delivery) (time.Time, string, error) {
-	hexHash, _ := d.Headers[HeaderPayloadHash].(string)
-	if hash, err := hex.DecodeString(hexHash); err == nil && len(hash) == len(idem.Hash{}) {
-		var why *string
-		if s, ok := d.Headers[HeaderReason].(string); ok {
-			why = &s
-		}
-		var at time.Time
-		var id string
-		err := r.o.Pool.QueryRow(ctx, r.entry, consumer, hash, why).Scan(&at, &id)
-		switch {
-		case err == nil:
-			return at, id, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return time.Time{}, "", fmt.Errorf("deadletters: redrive: read the dead-letter row of %q: %w", d.MessageId, err)
-		}
+// refuse counts l as refused for err, and keeps the first refusals.
+func (r *redrive) refuse(l letter, err error) {
+	r.res.Refused++
+	if r.refused == nil {
+		r.refused = err
 	}
-	if deaths, ok := d.Headers["x-death"].([]any); ok {
-		for _, death := range deaths {
-			if t, ok := death.(amqp.Table); ok {
-				if at, ok := t["time"].(time.Time); ok {
-					return at, d.MessageId, nil
-				}
-			}
-		}
+	if len(r.res.Refusals) < maxRefusals {
+		r.res.Refusals = append(r.res.Refusals, Refusal{MessageID: l.id, Consumer: l.consumer, Reason: l.reason, Err: err})
 	}
-	return time.Time{}, "", fmt.Errorf("%w: message %q carries no dead-letter row nor x-death time: when it entered %s is unknown",
-		inbox.ErrBeyondHorizon, d.MessageId, r.o.DeadLetterQueue)
 }

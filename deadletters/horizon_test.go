@@ -13,7 +13,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 	"github.com/idemkit/idem/retention"
 )
 

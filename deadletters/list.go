@@ -3,12 +3,12 @@ package deadletters
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/keyset"
 )
 
 // Record is one row of the dead-letter table: what an operator needs to
@@ -47,6 +47,10 @@ type Record struct {
 type Filter struct {
 	// Consumer, MessageID and Reason match exactly when set.
 	Consumer, MessageID, Reason string
+	// Before continues a listing: only rows with an ID below it, the ID of
+	// the last row of the page before (rows are listed newest first, by
+	// ID). Zero starts with the newest.
+	Before int64
 	// Limit caps the rows returned, newest first. Default: 100.
 	Limit int
 }
@@ -59,26 +63,32 @@ type Querier interface {
 const listColumns = `id, consumer, message_id, payload_hash, stored_hash, reason, error, source, exchange, routing_key,
 	attempts, payload, dead_lettered_at, redriven_at, coalesce(redriven_by, '')`
 
-// List returns the dead letters in tables matching f, newest first.
+// List returns a page of the dead letters in tables matching f, newest
+// first: at most f.Limit. When it returns f.Limit rows, the next page is
+// the rows before the last one's ID (Filter.Before).
 func List(ctx context.Context, q Querier, tables idem.Tables, f Filter) ([]Record, error) {
-	var where []string
-	var args []any
-	for _, c := range []struct{ col, val string }{{"consumer", f.Consumer}, {"message_id", f.MessageID}, {"reason", f.Reason}} {
-		if c.val != "" {
-			args = append(args, c.val)
-			where = append(where, fmt.Sprintf("%s = $%d", c.col, len(args)))
-		}
-	}
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	args = append(args, f.Limit)
-	sql := `SELECT ` + listColumns + ` FROM ` + tables.WithDefaults().Table("dead_letters")
-	if len(where) > 0 {
-		sql += " WHERE " + strings.Join(where, " AND ")
+	var w keyset.Where
+	order := ""
+	switch {
+	case f.MessageID != "": // a few rows: the (consumer, message_id) index
+		w.Equal("consumer", f.Consumer)
+		w.Equal("message_id", f.MessageID)
+		w.Equal("reason", f.Reason)
+	case f.Consumer != "": // the (consumer, id) index
+		order = w.Leading("consumer", f.Consumer, true)
+		w.Equal("reason", f.Reason)
+	case f.Reason != "": // the (reason COLLATE "C", id) index
+		order = w.Leading(`(reason COLLATE "C")`, f.Reason, true)
 	}
-	sql += fmt.Sprintf(" ORDER BY id DESC LIMIT $%d", len(args))
-	rows, err := q.Query(ctx, sql, args...)
+	if f.Before > 0 {
+		w.Add("id < " + w.Arg(f.Before))
+	}
+	sql := `SELECT ` + listColumns + ` FROM ` + tables.WithDefaults().Table("dead_letters") + w.SQL() +
+		" ORDER BY " + order + "id DESC LIMIT " + w.Arg(f.Limit)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("deadletters: list: %w", err)
 	}

@@ -9,9 +9,18 @@ const (
 	ReasonPayloadConflict = "payload_conflict"
 	// ReasonMissingMessageID: the message has no id.
 	ReasonMissingMessageID = "missing_message_id"
-	// ReasonInvalidMessageID: the id is too long, not UTF-8 text, or the
-	// consumer's MessageID function failed.
+	// ReasonInvalidMessageID: the id is too long, or the consumer's
+	// MessageID function failed for another reason than ReasonInvalidID
+	// (consumer.IDFromJSONField: the body is not a JSON object that
+	// idem.CanonicalJSON accepts).
 	ReasonInvalidMessageID = "invalid_message_id"
+	// ReasonInvalidID: the id has no one spelling, so it is refused rather
+	// than repaired (idem.ErrInvalidID): it is not valid UTF-8 or holds a
+	// NUL, whatever its source (message-id property, header, stream
+	// message property, JSON field), or a JSON id field holds an unpaired
+	// surrogate escape, a number idem.CanonicalJSON refuses, or a value
+	// that is neither a string nor a number.
+	ReasonInvalidID = "invalid_id"
 	// ReasonDecodeError: the body could not be decoded (consumer.JSON,
 	// canonical JSON hashing).
 	ReasonDecodeError = "decode_error"
@@ -34,4 +43,14 @@ const (
 	// ReasonWorkerCrashed: the worker process died each time the message
 	// ran alone (a poison message), MaxCrashes times.
 	ReasonWorkerCrashed = "worker_crashed"
+	// ReasonUndecodable: the client library could not decode the message.
+	// From a queue: the AMQP client would have refused its properties (a
+	// header table nested too deep, too many entries, a field type it does
+	// not know) and closed the connection; the properties it could not
+	// read are not in the dead-letter copy, the body is. From a stream:
+	// the record is not an AMQP 1.0 message the stream client can decode
+	// (it errs, or panics, or the record is cut short); the row is found
+	// by "sha256:" and the hash of the record's bytes, which are its
+	// payload. Only the client sets this reason, never a header.
+	ReasonUndecodable = "undecodable"
 )

@@ -2,22 +2,18 @@ package deadletters
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/amqpconn"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/amqpurl"
-	"github.com/idemkit/idem/partitions"
 )
 
 // RedriveOptions say which dead-lettered messages Redrive moves back. The
@@ -35,15 +31,19 @@ type RedriveOptions struct {
 	// in a shuffled order and uses the first that answers.
 	AMQPURLs []string
 	// Consumer moves only messages this consumer dead-lettered (their
-	// x-idem-consumer header). Default: any.
+	// x-idem-consumer header), and is the consumer a message the broker
+	// dead-lettered itself (delivery_limit) is judged for: such a message
+	// names none, and without Consumer it is refused. Default: any.
 	Consumer string
-	// DeadLetterQueue is where the messages are. Default: Queue+".dlq", the
-	// consumer's default (consumer.Config.DeadLetterQueue).
+	// DeadLetterQueue is where the messages are. Default: QueueName(Queue),
+	// the consumer's default (consumer.Config.DeadLetterQueue).
 	DeadLetterQueue string
 	// Limit is the most messages moved. Default: 0, every matching message.
 	Limit int
-	// MessageID moves only messages with this message-id property. Default:
-	// any.
+	// MessageID moves only the message with this id: the one its
+	// dead-letter row records (List), which idem's copy carries in
+	// HeaderMessageID, or the message-id property of a message the broker
+	// dead-lettered itself. Default: any.
 	MessageID string
 	// Operator says who redrives, for the dead-letter rows and the history.
 	// Default: "" (unknown).
@@ -59,7 +59,8 @@ type RedriveOptions struct {
 	// retry queue, straight to that partition). Required.
 	Queue string
 	// Reason moves only messages dead-lettered for this reason (x-idem-reason,
-	// or the broker's own reason such as delivery_limit). Default: any.
+	// or for a message the broker dead-lettered itself its newest x-death
+	// reason, such as delivery_limit). Default: any.
 	Reason string
 	// Tables says where the dead-letter table lives. Default: idem's defaults.
 	Tables idem.Tables
@@ -71,6 +72,12 @@ type RedriveOptions struct {
 	brokerTimeout time.Duration
 }
 
+// QueueName is the dead-letter queue of a consumer of queue unless its
+// Config.DeadLetterQueue names another: the queue's name and .dlq
+// (payments.dlq for payments). A partitioned consumer's partitions share
+// it.
+func QueueName(queue string) string { return amqpnames.DeadLetterQueue(queue) }
+
 // RedriveResult says what Redrive did.
 type RedriveResult struct {
 	// Scanned is how many dead-letter queue messages were looked at. Those
@@ -79,14 +86,18 @@ type RedriveResult struct {
 	// Moved is how many were published back to the queue, confirmed by the
 	// broker, and removed from the dead-letter queue.
 	Moved int
-	// Marked is how many dead-letter rows were marked redriven. Messages
-	// the broker dead-lettered itself (delivery_limit) have no row.
+	// Marked is how many dead-letter rows were marked redriven: each moved
+	// message's own row (see Redrive). A message the broker dead-lettered
+	// itself (delivery_limit) usually has none.
 	Marked int
 	// Refused is how many matching messages stayed in the dead-letter
 	// queue because they entered it no later than the consumer's inbox
-	// horizon (or when that cannot be told): Redrive then returns an error
-	// wrapping inbox.ErrBeyondHorizon.
+	// horizon, or because their consumer or that time cannot be told:
+	// Redrive then returns an error wrapping inbox.ErrBeyondHorizon.
 	Refused int
+	// Refusals are the first 100 refused messages, in queue order, each
+	// with why it stayed.
+	Refusals []Refusal
 }
 
 // ErrNotMoved means the broker refused a copy Redrive published, to the
@@ -94,6 +105,11 @@ type RedriveResult struct {
 // could not route it). That message and the ones not reached yet stay in
 // the dead-letter queue.
 var ErrNotMoved = errors.New("deadletters: the broker did not take a message's copy")
+
+// ErrNoDeadLetterQueue means the dead-letter queue to redrive from does not
+// exist, so Redrive moved nothing: a stream, for one, has none (its dead
+// letters are retried by a repair replay).
+var ErrNoDeadLetterQueue = errors.New("deadletters: redrive: no dead-letter queue")
 
 // redriveChunk is how many messages are taken, and their copies published,
 // before the copies' confirms are awaited and the messages acked at once.
@@ -133,42 +149,53 @@ const brokerTimeout = 30 * time.Second
 // there and leaves the rest untouched.
 //
 // A message leaves the dead-letter queue (is acked) only after the broker
-// confirmed its copy and, for a moved message, its dead-letter row was
+// confirmed its copy and, for a moved message, its own dead-letter row was
 // marked (redriven_at, redriven_by): a failure or a crash at any point
 // leaves it in the dead-letter queue, at worst with a copy already in the
 // queue or at the tail, which the consumer's inbox recognises. Nothing is
 // lost, but a Redrive that fails midway leaves the messages it put back so
 // far behind those it had not reached.
 //
+// Redrive matches each message to its own rows by (consumer, message id),
+// never by its payload: idem's own copy by its x-idem-consumer and
+// HeaderMessageID headers, its dead-letter row also by the reason and
+// payload hash it names; a message the broker dead-lettered itself
+// (x-death), whose x-idem- headers are its publisher's, by opts.Consumer and
+// its message-id property, its row only if that row holds its payload. It
+// marks only that row, and touches only that inbox row.
+//
 // A message that entered the dead-letter queue no later than the newest
 // sighting the consumer's inbox retention forgot (inbox.Inbox.CheckSeen)
 // may have lost the inbox row it would be recognised by; it could be
-// applied a second time. Redrive leaves such a message in the dead-letter
-// queue, counts it in RedriveResult.Refused, moves the others, and returns
-// an error wrapping inbox.ErrBeyondHorizon that names the horizon. The same
-// holds for a message whose consumer (x-idem-consumer, else
-// opts.Consumer) or dead-lettering time cannot be told.
-// opts.AllowBeyondHorizon moves them anyway. Before it asks, Redrive touches
-// the message's inbox row (inbox.Inbox.Touch): a cleanup that runs while the
-// message is on its way back finds the row too young to delete.
+// applied a second time. It entered when its own dead-letter row was
+// written, or for a message the broker dead-lettered, at its x-death time.
+// Redrive leaves such a message in the dead-letter queue, counts it in
+// RedriveResult.Refused (and Refusals, with why), moves the others, and
+// returns an error wrapping inbox.ErrBeyondHorizon that names the first.
+// The same holds for a message whose consumer or entry time cannot be
+// told: idem's copy whose row is gone (retention deleted it), a message the
+// broker dead-lettered when opts.Consumer is empty. opts.AllowBeyondHorizon
+// moves them anyway. Before it asks, Redrive touches the message's inbox
+// row (inbox.Inbox.Touch): a cleanup that runs while the message is on its
+// way back finds the row too young to delete.
 //
 // Every broker call is bounded in time, and when ctx ends Redrive closes
 // its connection and returns ctx's cause at once: the messages not acked by
 // then stay in the dead-letter queue.
 func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	if opts.DeadLetterQueue == "" {
-		opts.DeadLetterQueue = opts.Queue + ".dlq"
+		opts.DeadLetterQueue = QueueName(opts.Queue)
 	}
 	nodes, err := amqpurl.Nodes(opts.AMQPURL, opts.AMQPURLs)
 	switch {
 	case err != nil:
 		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w", err)
 	case opts.Pool == nil, opts.Queue == "":
-		return RedriveResult{}, errors.New("deadletters: redrive: Pool and Queue are required")
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w: Pool and Queue are required", idem.ErrConfig)
 	case opts.Limit < 0:
-		return RedriveResult{}, errors.New("deadletters: redrive: Limit must not be negative")
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w: Limit must not be negative", idem.ErrConfig)
 	case opts.DeadLetterQueue == opts.Queue:
-		return RedriveResult{}, errors.New("deadletters: redrive: Queue and DeadLetterQueue are the same queue")
+		return RedriveResult{}, fmt.Errorf("deadletters: redrive: %w: Queue and DeadLetterQueue are the same queue", idem.ErrConfig)
 	}
 	ib, err := inbox.New(inbox.Config{Tables: opts.Tables})
 	if err != nil {
@@ -185,7 +212,7 @@ func Redrive(ctx context.Context, opts RedriveOptions) (RedriveResult, error) {
 	// Closing the connection hands every message still unacked (the chunk
 	// in hand when Redrive failed) back to the dead-letter queue.
 	defer func() { _ = conn.Close() }()
-	r := &redrive{o: opts, conn: conn, ib: ib, mark: markSQL(opts.Tables), entry: enteredSQL(opts.Tables)}
+	r := &redrive{o: opts, conn: conn, ib: ib, mark: markSQL(opts.Tables), row: rowSQL(opts.Tables)}
 	if err := r.open(); err != nil {
 		return RedriveResult{}, err
 	}
@@ -208,8 +235,8 @@ type redrive struct {
 	returns chan amqp.Return
 	depth   int
 	ib      *inbox.Inbox
-	mark    string
-	entry   string // enteredSQL
+	mark    string // markSQL
+	row     string // rowSQL
 	res     RedriveResult
 	refused error // why the first refused message stayed
 	// exchange is Queue when it names a partitioned consumer's exchange.
@@ -231,6 +258,13 @@ func (r *redrive) open() error {
 		}); err != nil {
 			if q == r.o.Queue && r.partitioned() {
 				continue
+			}
+			var ae *amqp.Error
+			if q == r.o.DeadLetterQueue && errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				return fmt.Errorf("%w %s: nothing was moved. If %s is a stream, it has none: a stream's dead letters are "+
+					"rows of the dead-letter table only; retry them with a repair replay of their ids "+
+					"(WORKER replay --mode repair --id ID …, see docs/streams.md), which marks their rows: %w",
+					ErrNoDeadLetterQueue, q, r.o.Queue, err)
 			}
 			return fmt.Errorf("deadletters: redrive: queue %s: %w", q, err)
 		}
@@ -262,14 +296,15 @@ func (r *redrive) partitioned() bool {
 	if err != nil {
 		return false
 	}
+	exchange := amqpnames.PartitionExchange(r.o.Queue)
 	err = r.conn.Call(func() error {
-		return ch.ExchangeDeclarePassive(r.o.Queue, partitions.ExchangeType, true, false, false, false, nil)
+		return ch.ExchangeDeclarePassive(exchange, amqpnames.PartitionExchangeType, true, false, false, false, nil)
 	})
 	if err != nil {
 		return false
 	}
 	_ = r.conn.Call(ch.Close)
-	r.exchange = r.o.Queue
+	r.exchange = exchange
 	return true
 }
 
@@ -288,23 +323,13 @@ func (r *redrive) route(t taken) (exchange, key string) {
 		return "", r.o.Queue
 	}
 	key, _ = t.d.Headers[HeaderOriginalRoutingKey].(string)
-	if isPartition(r.o.Queue, key) {
+	if amqpnames.IsPartitionQueue(r.o.Queue, key) {
 		return "", key
 	}
 	if key == "" {
 		key = t.d.MessageId // no route: some partition, which the inbox serves as well
 	}
 	return r.exchange, key
-}
-
-// isPartition reports whether name is one of queue's partition queues.
-func isPartition(queue, name string) bool {
-	rest, ok := strings.CutPrefix(name, queue+".p")
-	if !ok || rest == "" {
-		return false
-	}
-	i, err := strconv.Atoi(rest)
-	return err == nil && i >= 0 && partitions.QueueName(queue, i) == name
 }
 
 // channel opens a channel.
@@ -319,10 +344,12 @@ func (r *redrive) channel() (ch *amqp.Channel, err error) {
 	return ch, nil
 }
 
-// taken is a message Redrive got from the dead-letter queue, and where its
-// copy goes: to the queue, or back to the dead-letter queue's tail.
+// taken is a message Redrive got from the dead-letter queue, what it says
+// of itself, and where its copy goes: to the queue, or back to the
+// dead-letter queue's tail.
 type taken struct {
 	d    amqp.Delivery
+	l    letter
 	move bool
 }
 
@@ -352,16 +379,14 @@ func (r *redrive) scan(ctx context.Context) error {
 			break
 		}
 		r.res.Scanned++
-		t := taken{d: d, move: (r.o.Limit == 0 || moving < r.o.Limit) && r.o.matches(d)}
+		t := taken{d: d, l: identify(d, r.o.Queue, r.o.Consumer)}
+		t.move = (r.o.Limit == 0 || moving < r.o.Limit) && r.o.matches(t.l)
 		if t.move {
-			if err := r.beyondHorizon(ctx, d); err != nil {
+			if err := r.admit(ctx, &t.l, d, rows(chunk)); err != nil {
 				if !errors.Is(err, inbox.ErrBeyondHorizon) {
 					return err
 				}
-				r.res.Refused++
-				if r.refused == nil {
-					r.refused = err
-				}
+				r.refuse(t.l, err)
 				t.move = false // kept in its place, like a message that does not match
 			}
 		}
@@ -477,52 +502,4 @@ func (r *redrive) closed() error {
 		return err
 	}
 	return amqp.ErrClosed
-}
-
-// markRows marks, for each moved message of chunk, the oldest unmarked dead-letter
-// row of its consumer and payload (and reason): the row its dead-lettering
-// wrote. It runs in one transaction detached from cancellation, so that the
-// chunk's rows are marked all or none.
-func (r *redrive) markRows(ctx context.Context, chunk []taken) (int, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), confirmTimeout)
-	defer cancel()
-	marked := 0
-	err := pgx.BeginFunc(ctx, r.o.Pool, func(tx pgx.Tx) error {
-		for _, t := range chunk {
-			if !t.move {
-				continue
-			}
-			d := t.d
-			consumer, _ := d.Headers[HeaderConsumer].(string)
-			hexHash, _ := d.Headers[HeaderPayloadHash].(string)
-			hash, err := hex.DecodeString(hexHash)
-			if consumer == "" || err != nil || len(hash) != len(idem.Hash{}) {
-				continue // dead-lettered by the broker itself: no row
-			}
-			var why *string
-			if s, ok := d.Headers[HeaderReason].(string); ok {
-				why = &s
-			}
-			tag, err := tx.Exec(ctx, r.mark, consumer, hash, why, r.o.Operator)
-			if err != nil {
-				return err
-			}
-			marked += int(tag.RowsAffected())
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("deadletters: redrive: mark rows: %w", err)
-	}
-	return marked, nil
-}
-
-// markSQL marks the oldest unmarked row of (consumer $1, payload hash $2,
-// reason $3 when given) as redriven by $4.
-func markSQL(t idem.Tables) string {
-	dl := t.WithDefaults().Table("dead_letters")
-	return `UPDATE ` + dl + ` SET redriven_at = now(), redriven_by = NULLIF($4::text, '')
-WHERE id = (SELECT id FROM ` + dl + `
-	WHERE consumer = $1 AND payload_hash = $2 AND ($3::text IS NULL OR reason = $3::text) AND redriven_at IS NULL
-	ORDER BY id LIMIT 1 FOR UPDATE)`
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 func TestRedriveMovesMatchingMessagesBackWithPropertiesAndHistory(t *testing.T) {
@@ -253,4 +253,17 @@ func TestRedriveLeavesMessagesArrivingMeanwhileUnseenBehindTheKeptOnes(t *testin
 	e.holds(e.queue+".dlq", 3)
 	require.Equal(t, []string{"m-1", "m-3", "m-2"}, ids(e.drain(e.queue+".dlq")), "the late m-2 matches, but was not looked at")
 	require.Equal(t, []string{"m-2"}, ids(e.drain(e.queue)))
+}
+
+// A stream has no dead-letter queue: redriving one says so and where its
+// dead letters are retried, and moves nothing.
+func TestRedriveOfAStreamSaysItHasNoDeadLetterQueueAndHowToRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	_, err := e.ch.QueueDeclare(e.queue, true, false, false, false, amqp.Table{"x-queue-type": "stream"})
+	require.NoError(t, err)
+	_, err = deadletters.Redrive(context.Background(), e.options())
+	require.ErrorIs(t, err, deadletters.ErrNoDeadLetterQueue)
+	require.ErrorContains(t, err, "repair replay")
+	require.NotContains(t, err.Error(), "still in")
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 )
 
 // AMQP 0-9-1 methods at which the broker goes deaf to Redrive.

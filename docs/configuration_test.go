@@ -15,7 +15,6 @@ import (
 // directory and type name.
 var configs = []struct{ dir, pkg, typ string }{
 	{"consumer", "consumer", "Config"},
-	{"consumer/stream", "stream", "Config"},
 	{"inbox", "inbox", "Config"},
 	{"inbox", "inbox", "CleanupOptions"},
 	{"inbox/httpinbox", "httpinbox", "Config"},

@@ -20,14 +20,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox/httpinbox"
 	"github.com/idemkit/idem/ledger"
+	"github.com/idemkit/idem/pgnodes"
 	"github.com/idemkit/idem/projection"
 	"github.com/idemkit/idem/prommetrics"
 	"github.com/idemkit/idem/replay"
 	"github.com/idemkit/idem/retention"
+	"github.com/idemkit/idem/run"
 )
 
 // docs/handlers.md: scheduling keys.
@@ -150,6 +151,7 @@ func metricsServer(metricsAddr *string, logger *slog.Logger) error {
 		return err
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // the components below take the global provider
 	return nil
 }
 
@@ -175,7 +177,8 @@ func probes(ctx context.Context, dispatcher *ledger.Dispatcher, consumer *consum
 
 // The samples above are compiled, never run; naming them here keeps the
 // compiler from calling them unused.
-var _ = []any{schedulingKeys, identity, paymentsEndpoint, sharedScope, metricsServer, cleanInProcess, probes}
+var _ = []any{schedulingKeys, identity, paymentsEndpoint, sharedScope, metricsServer, cleanInProcess, probes,
+	consumerStreamsGodoc}
 
 // docs/streams.md and the projection package: a stream consumer, a declared
 // projection, an online rebuild and a version guard.
@@ -187,10 +190,9 @@ type orderEvent struct {
 
 func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project consumer.Handler, tx pgx.Tx,
 	id, status string, version int, upsert func(context.Context, pgx.Tx, orderEvent) error, ev orderEvent) error {
-	c, err := consumer.New(consumer.Config{Name: "orders-overview", Pool: pool, AMQPURL: url})
+	c, err := consumer.New(consumer.Config{Name: "orders-overview", Stream: "orders.events", Pool: pool, AMQPURL: url})
 	c.Handle(project)
-	s, err := stream.New(c, stream.Config{Stream: "orders.events"})
-	err = stream.Run(ctx, s) // until ctx is cancelled
+	err = c.Run(ctx) // until ctx is cancelled
 
 	overview, err := projection.New(projection.Config{
 		Name:   "order_overview", // metrics, parked events, rebuild runs
@@ -210,7 +212,7 @@ func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project c
 	VALUES ($1, $2, $3) ON CONFLICT (order_id) DO UPDATE SET …`, id, status, version)
 		_ = err
 	}
-	sum, err := replay.Run(ctx, s, replay.Options{Mode: idem.Rebuild, Projection: overview, Progress: os.Stderr})
+	sum, err := replay.Run(ctx, c, replay.Options{Mode: idem.Rebuild, Projection: overview, Progress: os.Stderr})
 	_ = sum
 
 	type event = orderEvent
@@ -227,4 +229,66 @@ func streamsGuide(ctx context.Context, pool *pgxpool.Pool, url string, project c
 	decision, err := guard.Handle(ctx, tx, ev) // projection.Applied, Stale or Parked
 	_ = decision
 	return err
+}
+
+// consumer's godoc, Streams: a stream consumer.
+func consumerStreamsGodoc(ctx context.Context, pool *pgxpool.Pool) {
+	c, err := consumer.New(consumer.Config{
+		Name:    "orders-projection",
+		Stream:  "orders.events",
+		Pool:    pool,
+		AMQPURL: os.Getenv("IDEM_AMQP_URL"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return consumer.Defer(ctx, tx, `INSERT INTO events (stream_offset, body) VALUES ($1, $2)`, m.Offset, string(m.Body))
+	})
+	if err := c.Run(ctx); err != nil { // until ctx is cancelled
+		log.Fatal(err)
+	}
+}
+
+// docs/handlers.md: running the parts together.
+func runTogether(ctx context.Context, pool *pgxpool.Pool, amqpURL string, metricsAddr, healthAddr *string,
+	logger *slog.Logger, handle consumer.Handler) error {
+	metrics, err := prommetrics.Serve(*metricsAddr, logger) // "" leaves metrics off
+	if err != nil {
+		return err
+	}
+	defer metrics.Close()
+	c, err := consumer.New(consumer.Config{Name: "billing", Queue: "deposits", Pool: pool, AMQPURL: amqpURL,
+		MeterProvider: metrics.MeterProvider()})
+	if err != nil {
+		return err
+	}
+	c.Handle(handle)
+	d, err := ledger.NewDispatcher(ledger.DispatcherConfig{Pool: pool,
+		Executors:     map[string]ledger.Executor{"mail": &ledger.HTTPExecutor{}},
+		MeterProvider: metrics.MeterProvider()})
+	if err != nil {
+		return err
+	}
+	return run.All(ctx,
+		c.Run, // the consumer
+		d.Run, // the effects its handlers record
+		func(ctx context.Context) error { return health.ListenAndServe(ctx, *healthAddr, c, d) },
+		func(ctx context.Context) error {
+			return retention.Run(ctx, retention.Config{Pool: pool, OlderThan: 30 * 24 * time.Hour})
+		},
+	)
+}
+
+// docs/configuration.md: a configuration error, from any package.
+func configurationError(err error) {
+	if errors.Is(err, idem.ErrConfig) {
+		log.Fatal(err) // retrying cannot help
+	}
+}
+
+// docs/operations.md: a pool for a failover URL.
+func failoverPool(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := pgnodes.New(ctx, os.Getenv("IDEM_PG_URL"))
+	return pool, err
 }

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/pgnodes"
 )
 
 // Defaults of a Database probe.
@@ -22,16 +27,19 @@ const (
 )
 
 // Database is a Reporter that tells whether a PostgreSQL database can take
-// writes now. Run checks it every interval over a connection of its own,
+// writes now. Run checks it every interval over connections of its own,
 // outside the application's pool, so that a pool busy with long batches is
 // never taken for a dead database, and a database that stopped answering
 // (a blackholed link) is noticed within the check's timeout instead of
-// waiting for TCP. It is ready while its last check, at most two intervals
-// and a timeout ago, succeeded on a read-write session; a refused
-// connection, a check past its timeout, or a read-only session (a standby
-// after a failover, default_transaction_read_only) makes it not ready. It
-// is live whenever Run runs: a database outage is not a reason to restart
-// a worker.
+// waiting for TCP. Every host of a multi-host URL is checked at once, each
+// over its own connection: a dead host, first in the list or not, never
+// spends the check's time that the others need. It is ready while its last
+// check, at most two intervals and a timeout ago, reached a read-write
+// session on some host; refused connections, checks past their timeout,
+// or read-only sessions (a standby after a failover,
+// default_transaction_read_only) on every host make it not ready. It is
+// live whenever Run runs: a database outage is not a reason to restart a
+// worker.
 //
 // The consumer and the ledger dispatcher run one each; run one beside an
 // HTTP edge (inbox/httpinbox) and serve it with Handler:
@@ -41,7 +49,7 @@ const (
 //	go health.ListenAndServe(ctx, "0.0.0.0:8081", db)
 type Database struct {
 	component string
-	config    *pgx.ConnConfig
+	hosts     []*hostProbe // one per host of the config, checked at once
 	interval  time.Duration
 	timeout   time.Duration
 
@@ -50,7 +58,13 @@ type Database struct {
 	okAt     time.Time // the last check that succeeded on a writable session
 	checked  bool      // a check has ended
 	lastFail string    // why the last check failed; "" when it succeeded
-	conn     *pgx.Conn // owned by Run
+}
+
+// hostProbe checks one host of the database.
+type hostProbe struct {
+	name   string // host:port, for reasons
+	config *pgx.ConnConfig
+	conn   *pgx.Conn // owned by Run
 }
 
 // NewDatabase returns a probe of the database pool connects to, reported as
@@ -60,8 +74,9 @@ func NewDatabase(pool *pgxpool.Pool, component string) *Database {
 	return NewDatabaseProbe(pool.Config().ConnConfig.Copy(), component, DefaultProbeInterval, DefaultProbeTimeout)
 }
 
-// NewDatabaseProbe returns a probe of the database config names, checking
-// every interval within timeout (zero values take the defaults).
+// NewDatabaseProbe returns a probe of the database config names (each of
+// its hosts), checking every interval within timeout (zero values take the
+// defaults).
 func NewDatabaseProbe(config *pgx.ConnConfig, component string, interval, timeout time.Duration) *Database {
 	if interval <= 0 {
 		interval = DefaultProbeInterval
@@ -69,11 +84,15 @@ func NewDatabaseProbe(config *pgx.ConnConfig, component string, interval, timeou
 	if timeout <= 0 {
 		timeout = DefaultProbeTimeout
 	}
-	return &Database{component: component, config: config, interval: interval, timeout: timeout}
+	d := &Database{component: component, interval: interval, timeout: timeout}
+	for _, c := range pgnodes.Hosts(config) {
+		d.hosts = append(d.hosts, &hostProbe{name: net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), config: c})
+	}
+	return d
 }
 
 // Run checks the database at once and then every interval until ctx ends,
-// then closes its connection and returns. Call it once.
+// then closes its connections and returns. Call it once.
 func (d *Database) Run(ctx context.Context) {
 	d.mu.Lock()
 	d.running = true
@@ -82,7 +101,9 @@ func (d *Database) Run(ctx context.Context) {
 		d.mu.Lock()
 		d.running = false
 		d.mu.Unlock()
-		d.disconnect()
+		for _, h := range d.hosts {
+			h.disconnect(d.timeout)
+		}
 	}()
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
@@ -99,38 +120,64 @@ func (d *Database) Run(ctx context.Context) {
 // errReadOnly is a check that reached a session that cannot write.
 var errReadOnly = errors.New("the session is read-only (a standby, or default_transaction_read_only)")
 
-// check runs one check and records its result.
+// check checks every host at once, within the timeout, and records the
+// result: a success when one host took it.
 func (d *Database) check(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
-	err := d.query(ctx)
-	if ctx.Err() != nil && err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		err = fmt.Errorf("no answer within %s", d.timeout)
+	errs := make([]error, len(d.hosts))
+	var wg sync.WaitGroup
+	for i, h := range d.hosts {
+		wg.Go(func() { errs[i] = h.check(ctx, d.timeout) }) // each bounded by ctx
 	}
-	if err != nil {
-		d.disconnect() // a failed check may leave the connection in any state
+	wg.Wait()
+	var reasons []string
+	for i, err := range errs {
+		if err == nil {
+			reasons = nil
+			break
+		}
+		if len(d.hosts) == 1 {
+			reasons = append(reasons, err.Error())
+		} else {
+			reasons = append(reasons, d.hosts[i].name+": "+err.Error())
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.checked = true
-	if err != nil {
-		d.lastFail = err.Error()
+	if reasons != nil {
+		d.lastFail = strings.Join(reasons, "; ")
 		return
 	}
 	d.okAt, d.lastFail = time.Now(), ""
 }
 
+// check runs one check of the host within ctx, whose deadline is timeout
+// away.
+func (h *hostProbe) check(ctx context.Context, timeout time.Duration) error {
+	err := h.query(ctx)
+	if err == nil {
+		return nil
+	}
+	h.disconnect(timeout) // a failed check may leave the connection in any state
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s", timeout)
+	}
+	return err
+}
+
 // query connects if needed and asks whether the session can write.
-func (d *Database) query(ctx context.Context) error {
-	if d.conn == nil {
-		conn, err := pgx.ConnectConfig(ctx, d.config)
+func (h *hostProbe) query(ctx context.Context) error {
+	if h.conn == nil {
+		conn, err := pgx.ConnectConfig(ctx, h.config)
 		if err != nil {
 			return err
 		}
-		d.conn = conn
+		h.conn = conn
 	}
 	var readOnly bool
-	if err := d.conn.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on'`).Scan(&readOnly); err != nil {
+	if err := h.conn.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on'`).Scan(&readOnly); err != nil {
 		return err
 	}
 	if readOnly {
@@ -139,15 +186,15 @@ func (d *Database) query(ctx context.Context) error {
 	return nil
 }
 
-// disconnect closes the connection, if any, within the timeout.
-func (d *Database) disconnect() {
-	if d.conn == nil {
+// disconnect closes the connection, if any, within timeout.
+func (h *hostProbe) disconnect(timeout time.Duration) {
+	if h.conn == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_ = d.conn.Close(ctx)
-	d.conn = nil
+	_ = h.conn.Close(ctx)
+	h.conn = nil
 }
 
 // Check reports whether the database took the last check, recently enough,

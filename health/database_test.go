@@ -2,15 +2,18 @@ package health_test
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/health"
-	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // runProbe runs p until the test ends.
@@ -76,4 +79,35 @@ func TestDatabaseProbeIsNotReadyOnAReadOnlySession(t *testing.T) {
 		assert.False(c, s.Ready)
 		assert.Contains(c, s.Reason, "read-only")
 	}, 5*time.Second, 20*time.Millisecond)
+}
+
+// A probe of a multi-host URL whose first host accepts connections and
+// never answers is ready while another host takes writes, and not ready,
+// naming each host, once that host stops answering too.
+func TestDatabaseProbeIsReadyThroughAnyHostOfAMultiHostURL(t *testing.T) {
+	t.Parallel()
+	pool, proxy := testdb.Proxied(t)
+	cfg := pool.Config().ConnConfig.Copy()
+	silent := faultproxy.New(t, proxy.Addr())
+	silent.Stall()
+	host, port, err := net.SplitHostPort(silent.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg.Fallbacks = []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port}}
+	cfg.Host, cfg.Port = host, uint16(p)
+	cfg.ConnectTimeout = 0 // as a URL without connect_timeout
+
+	probe := health.NewDatabaseProbe(cfg, "test database", 100*time.Millisecond, time.Second)
+	runProbe(t, probe)
+	within(t, probe, true, 10*time.Second)
+
+	proxy.Stall()
+	within(t, probe, false, 10*time.Second)
+	reason := probe.Health().Reason
+	require.Contains(t, reason, silent.Addr()+": no answer within 1s")
+	require.Contains(t, reason, proxy.Addr()+": ")
+
+	proxy.Resume()
+	within(t, probe, true, 10*time.Second)
 }

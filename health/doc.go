@@ -17,9 +17,12 @@
 // # The database
 //
 // Database probes a PostgreSQL database every 2 seconds over a connection
-// of its own: a refusal, 2 seconds without an answer (a blackholed link) or
-// a read-only session (a standby after a failover) make it not ready at
-// once. The consumer and the dispatcher run one each while they run; an
+// of its own to each host of its URL, all hosts at once: it is ready while
+// one host gives a read-write session within 2 seconds, whatever the
+// others do (a dead first host of a multi-host URL costs the probe
+// nothing), and not ready at once when every host refuses, stays silent
+// for 2 seconds (a blackholed link, a frozen server) or is read-only (a
+// standby after a failover). The consumer and the dispatcher run one each while they run; an
 // HTTP edge, which has no loop of its own, serves one beside it:
 //
 //	db := health.NewDatabase(pool, "api database")
@@ -39,6 +42,13 @@
 //			log.Print(err) // the address is taken, say
 //		}
 //	}()
+//
+// # For alerts
+//
+// ObserveReady exports a Reporter's readiness as the gauge idem.health.ready
+// (1 or 0, by component), for an alert on what /readyz answers. The
+// consumer and the ledger dispatcher register themselves; register a
+// Reporter of your own, such as an HTTP edge's Database, with it.
 //
 // # Reading the answers
 //

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Status is what a component says about itself.
@@ -107,8 +109,12 @@ func Handler(reporters ...Reporter) http.Handler {
 
 // ListenAndServe serves Handler(reporters...) on addr (host:port) until ctx
 // ends, then shuts the server down (waiting at most 5 seconds for requests
-// in flight) and returns nil. It returns an error when it cannot listen.
+// in flight) and returns nil. It returns an error when it cannot listen,
+// wrapping idem.ErrConfig when addr is not host:port.
 func ListenAndServe(ctx context.Context, addr string, reporters ...Reporter) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("health: %w: %w", idem.ErrConfig, err)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("health: listen on %s: %w", addr, err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 func benchInbox(b *testing.B) (*inbox.Inbox, func(func(pgx.Tx) error)) {

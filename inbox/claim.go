@@ -54,9 +54,16 @@ RETURNING t.consumer, t.message_id, t.seen_at IS NULL, t.payload_hash`
 // the primary key rejects one that is claimed already (23505). PostgreSQL
 // does about a quarter less work per row than for INSERT … ON CONFLICT, which
 // inserts speculatively and confirms each row.
+//
+// It inserts nothing unless the table named $8 is still a plain table: an
+// inbox converted to the partitioned layout while this Inbox remembered the
+// plain one (ConvertPartitioned) would take the rows into the partition of
+// now without the check across partitions. The condition is read once per
+// statement, from the catalog.
 const claimNewBatchSQL = `INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
 SELECT c, m, h, NULLIF(k, ''), s, o, l
-FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)`
+FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)
+WHERE (SELECT relkind FROM pg_class WHERE oid = to_regclass($8::text)) = 'r'`
 
 // The lookups of a batch's keys join the rows to an array of whole keys,
 // the consumer with each message id, and are planned at each execution
@@ -83,11 +90,14 @@ WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin = pg_current_xact_id():
 
 // statements holds the SQL of an Inbox with its table name filled in.
 type statements struct {
-	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim   string
-	unclaimBatch                                                          string
-	lookup, stats, cutoff, cleanup, horizon, horizons, deleteScope, touch string
-	hold, release, held                                                   string
-	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims    string
+	claim, storedHash, claimBatch, claimNewBatch, storedHashes, unclaim string
+	unclaimBatch                                                        string
+	lookup, cutoff, cleanup, horizon, horizons, deleteScope, touch      string
+	consumers, consumerRows, table                                      string
+	hold, release, held                                                 string
+	partitionLock, partitionClaim, partitionDeleteScope                 string
+	heldAmong, forgetPartition                                          string
+	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims  string
 }
 
 func newStatements(table, horizons, holds string) statements {
@@ -111,11 +121,19 @@ func newStatements(table, horizons, holds string) statements {
 		unclaim:        f(unclaimSQL),
 		unclaimBatch:   f(unclaimBatchSQL),
 		lookup:         f(lookupSQL),
-		stats:          f(statsSQL),
+		consumers:      f(consumersSQL),
+		consumerRows:   f(consumerRowsSQL),
+		table:          table,
 		cutoff:         cutoffSQL,
 		cleanup:        f(cleanupSQL),
 		horizon:        f(horizonSQL),
 		touch:          f(touchSQL),
+
+		partitionLock:        partitionLockSQL,
+		partitionClaim:       f(partitionClaimSQL),
+		partitionDeleteScope: f(partitionDeleteScopeSQL),
+		heldAmong:            f(heldAmongSQL),
+		forgetPartition:      f(forgetPartitionSQL),
 	}
 }
 
@@ -129,6 +147,16 @@ func (ib *Inbox) Claim(ctx context.Context, tx pgx.Tx, c Claim) (Result, error) 
 	if err := ib.validate(0, &c); err != nil {
 		return Result{}, err
 	}
+	if p, err := ib.isPartitioned(ctx, tx); err != nil || p {
+		if err != nil {
+			return Result{}, err
+		}
+		res, err := ib.ClaimBatch(ctx, tx, []Claim{c})
+		if err != nil {
+			return Result{}, err
+		}
+		return res[0], nil
+	}
 	var inserted bool
 	var stored []byte
 	err := tx.QueryRow(ctx, ib.sql.claim, c.Consumer, c.MessageID, c.PayloadHash[:],
@@ -138,7 +166,7 @@ func (ib *Inbox) Claim(ctx context.Context, tx pgx.Tx, c Claim) (Result, error) 
 		err = tx.QueryRow(ctx, ib.sql.storedHash, c.Consumer, c.MessageID).Scan(&stored)
 	}
 	if err != nil {
-		return Result{}, fmt.Errorf("inbox: claim %q: %w", c.MessageID, err)
+		return Result{}, fmt.Errorf("inbox: claim %q: %w", c.MessageID, ib.layoutChanged(err))
 	}
 	h, err := idem.HashFromBytes(stored)
 	if err != nil {
@@ -241,14 +269,28 @@ func (ib *Inbox) ClaimNewBatch(ctx context.Context, tx pgx.Tx, claims []Claim) (
 	if err != nil {
 		return nil, err
 	}
+	if p, err := ib.isPartitioned(ctx, tx); err != nil {
+		return nil, err
+	} else if p && len(pending) > 0 {
+		return ib.claimNewPartitioned(ctx, tx, claims, first, pending)
+	}
 	if len(pending) > 0 {
-		args := portable(tx, batchArgs(claims, first, pending))
-		if _, err := tx.Exec(ctx, ib.sql.claimNewBatch, args...); err != nil {
+		args := append(portable(tx, batchArgs(claims, first, pending)), ib.table)
+		tag, err := tx.Exec(ctx, ib.sql.claimNewBatch, args...)
+		if err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 				return nil, fmt.Errorf("inbox: claim new batch of %d: %w (%s)", len(pending), ErrClaimed, pgErr.Detail)
 			}
 			return nil, fmt.Errorf("inbox: claim new batch of %d: %w", len(pending), err)
+		}
+		if tag.RowsAffected() != int64(len(pending)) {
+			// Converted to the partitioned layout meanwhile: nothing was
+			// inserted, and the transaction goes on.
+			if p, err := ib.readLayout(ctx, tx); err != nil || !p {
+				return nil, fmt.Errorf("inbox: claim new batch of %d: inserted %d rows (%w)", len(pending), tag.RowsAffected(), err)
+			}
+			return ib.claimNewPartitioned(ctx, tx, claims, first, pending)
 		}
 	}
 	results := make([]Result, len(claims))
@@ -303,9 +345,15 @@ type claimed struct {
 // statement inserted its row and the stored hash; a key it did not return
 // was claimed by this transaction before.
 func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, first map[claimKey]int, idx []int) (map[claimKey]claimed, error) {
+	if p, err := ib.isPartitioned(ctx, tx); err != nil || p {
+		if err != nil {
+			return nil, err
+		}
+		return ib.claimPartitioned(ctx, tx, claims, first, idx)
+	}
 	rows, err := tx.Query(ctx, ib.sql.claimBatch, portable(tx, batchArgs(claims, first, idx))...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
+		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), ib.layoutChanged(err))
 	}
 	got := make(map[claimKey]claimed, len(idx))
 	var k claimKey
@@ -320,7 +368,7 @@ func (ib *Inbox) insertBatch(ctx context.Context, tx pgx.Tx, claims []Claim, fir
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
+		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), ib.layoutChanged(err))
 	}
 	return got, nil
 }
@@ -541,6 +589,12 @@ func portable(tx pgx.Tx, args []any) []any {
 	default:
 		return args
 	}
+	return plainArrays(args)
+}
+
+// plainArrays replaces every pointerArray of args with the plain slice it
+// stands for, which pgx encodes in every format and mode.
+func plainArrays(args []any) []any {
 	for i, a := range args {
 		switch a := a.(type) {
 		case pointerArray[textElem]:
@@ -564,4 +618,64 @@ func portable(tx pgx.Tx, args []any) []any {
 		}
 	}
 	return args
+}
+
+// layoutSQL asks whether the inbox table is partitioned.
+const layoutSQL = `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`
+
+// The layouts an Inbox has found its table in (Inbox.layout).
+const (
+	layoutUnknown int32 = iota
+	layoutPlain
+	layoutPartitioned
+)
+
+// isPartitioned reports whether the inbox table is partitioned. It asks
+// the database once per Inbox and remembers the answer. An inbox converted
+// online (ConvertPartitioned) while the Inbox remembers the plain layout is
+// noticed by the claim that meets it (see layoutChanged).
+func (ib *Inbox) isPartitioned(ctx context.Context, q Querier) (bool, error) {
+	switch ib.layout.Load() {
+	case layoutPlain:
+		return false, nil
+	case layoutPartitioned:
+		return true, nil
+	}
+	return ib.readLayout(ctx, q)
+}
+
+// ErrLayoutChanged is returned (wrapped) by Claim and ClaimBatch when the
+// inbox was converted to the partitioned layout (ConvertPartitioned) after
+// this Inbox last read it: the transaction is aborted and nothing was
+// claimed. Roll back and claim again in a new transaction, which takes the
+// partitioned layout; the runtime does so by itself. ClaimNewBatch meets
+// the conversion without an error.
+var ErrLayoutChanged = errors.New("inbox: the inbox was converted to the partitioned layout meanwhile")
+
+// layoutChanged returns err, wrapped with ErrLayoutChanged when it is the
+// refusal of INSERT … ON CONFLICT on a table that has become partitioned
+// (no unique index on the partitioned table matches the conflict target,
+// 42P10); the layout is read again by the next claim.
+func (ib *Inbox) layoutChanged(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P10" {
+		ib.layout.Store(layoutUnknown)
+		return fmt.Errorf("%w: %w", ErrLayoutChanged, err)
+	}
+	return err
+}
+
+// readLayout reads whether the inbox table is partitioned, whatever the
+// Inbox remembers, and remembers the answer.
+func (ib *Inbox) readLayout(ctx context.Context, q Querier) (bool, error) {
+	var p bool
+	if err := q.QueryRow(ctx, layoutSQL, ib.table).Scan(&p); err != nil {
+		return false, fmt.Errorf("inbox: read the layout of %s: %w", ib.table, err)
+	}
+	if p {
+		ib.layout.Store(layoutPartitioned)
+	} else {
+		ib.layout.Store(layoutPlain)
+	}
+	return p, nil
 }

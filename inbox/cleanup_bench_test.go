@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // fillScope inserts n rows under consumer "live", then n under "scope"

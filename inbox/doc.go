@@ -85,6 +85,21 @@
 // redrive, a rebuild's resume. Package retention cleans this table with
 // every other table of idem; `idem cleanup` runs it.
 //
+// # Partitions
+//
+// LayOutPartitioned (`idem migrate --partition-width`) lays an empty inbox
+// out in time partitions on each row's last sighting (ConvertPartitioned
+// converts one that holds rows, online, its table becoming the partition of
+// the times before the conversion), and Cleanup then
+// drops whole partitions that end before the cutoff, recording their
+// horizon in the same transaction. EnsurePartitions, which every Cleanup
+// calls, makes the partitions ahead; a row no partition covers goes to the
+// default partition meanwhile, so a claim never fails for want of one. No
+// index spans the partitions: a claim takes a transaction-level advisory
+// lock per key, then looks the key up in every partition, so a copy claimed
+// in an earlier partition is still a duplicate or a conflict. The cost is a
+// statement per batch and an index probe per partition per key.
+//
 // # Operators
 //
 // Lookup returns the row of one message (`idem inbox show`), Stats the row

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/internal/configerr"
 )
 
 // Sentinels for invalid claims and options. They arrive wrapped in a
@@ -28,8 +30,8 @@ var (
 	// holds a NUL byte, or is longer than Config.MaxIDBytes.
 	ErrInvalidField = errors.New("inbox: invalid field")
 	// ErrRetentionTooShort: CleanupOptions.OlderThan is below the
-	// retention floor (CleanupOptions.Floor).
-	ErrRetentionTooShort = errors.New("inbox: retention below the floor")
+	// retention floor (CleanupOptions.Floor). It matches idem.ErrConfig.
+	ErrRetentionTooShort = configerr.New("inbox: retention below the floor")
 )
 
 // ValidationError says which input was rejected and why. Err is one of the

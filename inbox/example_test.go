@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 )
 
 // The handler's write and the claim commit together: a redelivered message

@@ -145,6 +145,14 @@ func (ib *Inbox) Touch(ctx context.Context, q Execer, consumer, messageID string
 	if ib.validateKey(0, consumer, messageID) != nil {
 		return false, nil
 	}
+	if q, ok := q.(Querier); ok {
+		if p, err := ib.isPartitioned(ctx, q); err != nil || p {
+			if err != nil {
+				return false, err
+			}
+			return ib.touchPartitioned(ctx, q.(Execer), consumer, messageID)
+		}
+	}
 	tag, err := q.Exec(ctx, ib.sql.touch, consumer, messageID)
 	if err != nil {
 		return false, fmt.Errorf("inbox: touch %q of %q: %w", messageID, consumer, err)

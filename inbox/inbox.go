@@ -3,6 +3,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/idemkit/idem"
 )
@@ -28,8 +29,11 @@ type Config struct {
 // Inbox claims messages for consumers. It is safe for concurrent use; it
 // holds no connection, only the SQL for its table.
 type Inbox struct {
-	maxID int
-	sql   statements
+	maxID  int
+	sql    statements
+	tables idem.Tables
+	table  string       // the inbox table, quoted and qualified
+	layout atomic.Int32 // layoutUnknown until isPartitioned asks
 }
 
 // New returns an Inbox for cfg, after validating it.
@@ -38,12 +42,18 @@ func New(cfg Config) (*Inbox, error) {
 		cfg.MaxIDBytes = DefaultMaxIDBytes
 	}
 	if cfg.MaxIDBytes < 0 || cfg.MaxIDBytes > maxMaxIDBytes {
-		return nil, fmt.Errorf("inbox: MaxIDBytes %d: want 1 to %d", cfg.MaxIDBytes, maxMaxIDBytes)
+		return nil, fmt.Errorf("inbox: %w: MaxIDBytes %d: want 1 to %d", idem.ErrConfig, cfg.MaxIDBytes, maxMaxIDBytes)
 	}
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, fmt.Errorf("inbox: %w", err)
 	}
-	return &Inbox{maxID: cfg.MaxIDBytes, sql: newStatements(cfg.Tables.Table("inbox"), cfg.Tables.Table("inbox_horizons"), cfg.Tables.Table("inbox_holds"))}, nil
+	t := cfg.Tables.WithDefaults()
+	return &Inbox{
+		maxID:  cfg.MaxIDBytes,
+		sql:    newStatements(t.Table("inbox"), t.Table("inbox_horizons"), t.Table("inbox_holds")),
+		tables: t,
+		table:  t.Table("inbox"),
+	}, nil
 }
 
 // Decision is the outcome of a claim.

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/rowcount"
 )
 
 // Querier runs queries: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -46,20 +47,37 @@ type Record struct {
 type ConsumerStats struct {
 	// Consumer is the consumer's name.
 	Consumer string
-	// Rows is how many messages the inbox holds for it.
+	// Rows is how many messages the inbox holds for it: exact below a
+	// thousand, else the planner's estimate (Estimated).
 	Rows int64
-	// Oldest is the earliest ReceivedAt.
-	Oldest time.Time
-	// Newest is the latest ReceivedAt.
-	Newest time.Time
+	// Estimated reports that Rows is the planner's estimate: the table's
+	// statistics (its last ANALYZE, scaled to its size now) put the
+	// consumer at a thousand rows or more.
+	Estimated bool
+	// Oldest is the earliest ReceivedAt, and Newest the latest, when Rows
+	// is exact; zero when it is an estimate.
+	Oldest, Newest time.Time
 }
 
 const lookupSQL = `SELECT consumer, message_id, payload_hash, coalesce(business_key, ''), source, stream_offset, received_at,
 	seen_at, seen_offset
 FROM %[1]s WHERE consumer = $1 AND message_id = $2`
 
-const statsSQL = `SELECT consumer, count(*), min(received_at), max(received_at)
-FROM %[1]s GROUP BY consumer ORDER BY consumer`
+// consumersSQL lists the consumers with rows, in order, skipping from one
+// to the next in the primary key: one index descent per consumer, however
+// many rows each has.
+const consumersSQL = `WITH RECURSIVE c AS (
+	(SELECT consumer FROM %[1]s ORDER BY consumer LIMIT 1)
+	UNION ALL
+	SELECT (SELECT consumer FROM %[1]s AS i WHERE i.consumer > c.consumer ORDER BY consumer LIMIT 1)
+	FROM c WHERE c.consumer IS NOT NULL
+)
+SELECT consumer FROM c WHERE consumer IS NOT NULL`
+
+// consumerRowsSQL counts consumer $1's rows and their age range, reading
+// at most $2 of them through the primary key.
+const consumerRowsSQL = `SELECT count(*), coalesce(min(received_at), 'epoch'), coalesce(max(received_at), 'epoch')
+FROM (SELECT received_at FROM %[1]s WHERE consumer = $1 LIMIT $2) AS capped`
 
 // Lookup returns the row for (consumer, messageID), or an error matching
 // ErrNotFound. It is what `idem inbox show` prints.
@@ -80,23 +98,45 @@ func (ib *Inbox) Lookup(ctx context.Context, q Querier, consumer, messageID stri
 	return r, nil
 }
 
-// Stats returns the row count and age range of every consumer with rows,
-// ordered by consumer. It scans the whole table; it is meant for operators,
-// not for a hot path.
+// Stats returns the rows of every consumer with rows, ordered by
+// consumer. Its work follows the consumers, not the rows: a consumer with
+// fewer than a thousand rows is counted exactly, one with more is the
+// planner's estimate (ConsumerStats.Estimated); in the partitioned layout,
+// the sum of its partitions' estimates, since autovacuum analyses the
+// partitions and never their parent. Without statistics (a table or every
+// partition never analysed) a consumer with a thousand rows or more shows
+// a thousand, marked estimated: run ANALYZE on the inbox for an estimate.
 func (ib *Inbox) Stats(ctx context.Context, q Querier) ([]ConsumerStats, error) {
-	rows, err := q.Query(ctx, ib.sql.stats)
+	rows, err := q.Query(ctx, ib.sql.consumers)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: stats: %w", err)
 	}
-	stats, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerStats, error) {
-		var s ConsumerStats
-		err := row.Scan(&s.Consumer, &s.Rows, &s.Oldest, &s.Newest)
-		return s, err
-	})
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: stats: %w", err)
 	}
-	return stats, nil
+	planner, err := rowcount.ReadStats(ctx, q, ib.sql.table, "consumer")
+	if err != nil {
+		return nil, fmt.Errorf("inbox: stats: %w", err)
+	}
+	out := make([]ConsumerStats, 0, len(names))
+	for _, name := range names {
+		s := ConsumerStats{Consumer: name}
+		c, err := planner.Of(ctx, name, func(ctx context.Context, limit int) (int64, error) {
+			var n int64
+			err := q.QueryRow(ctx, ib.sql.consumerRows, name, limit).Scan(&n, &s.Oldest, &s.Newest)
+			return n, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("inbox: stats: consumer %q: %w", name, err)
+		}
+		s.Rows, s.Estimated = c.N, c.Estimated
+		if s.Estimated {
+			s.Oldest, s.Newest = time.Time{}, time.Time{}
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 // LookupClaims decides claims as Claim would, without claiming: each one

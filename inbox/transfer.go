@@ -84,7 +84,16 @@ func (ib *Inbox) Differences(ctx context.Context, q Querier, from, to, source st
 // Transfer applies t in tx: one statement deletes t.Forget's rows that
 // t.From does not hold from t.To and records t.To's horizon, another copies
 // t.Learn's rows.
+//
+// A partitioned inbox refuses it with ErrPartitioned.
 func (ib *Inbox) Transfer(ctx context.Context, tx pgx.Tx, t Transfer) error {
+	// Read afresh: the inbox may have been converted since this Inbox
+	// last read its layout.
+	if p, err := ib.readLayout(ctx, tx); err != nil {
+		return err
+	} else if p {
+		return fmt.Errorf("inbox: transfer %q to %q: %w", t.From, t.To, ErrPartitioned)
+	}
 	b := &pgx.Batch{}
 	b.Queue(ib.sql.transferForget, t.To, t.From, t.Forget)
 	b.Queue(ib.sql.transferLearn, t.To, t.From, t.Learn, t.ForgottenUpTo)

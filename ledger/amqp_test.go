@@ -2,6 +2,8 @@ package ledger_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -150,4 +152,36 @@ func TestOutboxReconnectsAfterConnectionLoss(t *testing.T) {
 	b := f.record(t, context.Background(), ledger.Effect{Type: "evt", BusinessKey: "b", Request: ledger.Publishing{RoutingKey: q, Body: []byte(`2`)}})[0]
 	f.waitFor(t, b.ID, status(ledger.StatusSucceeded))
 	require.ElementsMatch(t, []string{a.ID, b.ID}, messageIDs(t, ch, q, 2))
+}
+
+// With TimeOrderedMessageIDs, an effect's message id is a UUIDv7 of the
+// time it was recorded, the same on every attempt: effects recorded later
+// get ids that sort later.
+func TestOutboxTimeOrderedMessageIDsAreStableAndSortByRecording(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	q, ch := outboxQueue(t)
+	testbroker.Dial(t)
+	ex, err := ledger.NewAMQPExecutor(ledger.AMQPConfig{URL: testbroker.URL(), TimeOrderedMessageIDs: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ex.Close()) })
+	var effects []ledger.Entry
+	for i := range 3 {
+		effects = append(effects, f.record(t, context.Background(), ledger.Effect{
+			Type: "order.confirmed", BusinessKey: fmt.Sprintf("order-%d", i),
+			Request: ledger.Publishing{RoutingKey: q, Body: []byte(`{}`)},
+		})[0])
+		time.Sleep(2 * time.Millisecond)
+	}
+	f.dispatch(t, ledger.DispatcherConfig{Executors: map[string]ledger.Executor{"order.confirmed": ex}})
+	var want []string
+	for _, e := range effects {
+		got := f.waitFor(t, e.ID, status(ledger.StatusSucceeded))
+		want = append(want, ledger.TimeOrderedMessageID(got.CreatedAt, e.ID))
+	}
+	ids := messageIDs(t, ch, q, 3)
+	require.ElementsMatch(t, want, ids)
+	require.True(t, slices.IsSorted(want), "recorded later, sorted later: %v", want)
+	require.Equal(t, byte('7'), ids[0][14], "version 7")
+	require.Equal(t, want[0], ledger.TimeOrderedMessageID(effects[0].CreatedAt, effects[0].ID), "the same on every call")
 }

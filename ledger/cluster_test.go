@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/amqpnodes"
-	"github.com/idemkit/idem/internal/testcluster"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testcluster"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 

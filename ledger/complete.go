@@ -20,6 +20,7 @@ type outcome struct {
 	delay          time.Duration // next_attempt_at = now() + delay
 	attempt        int           // the effect's attempt count
 	lookup         bool          // a reconciler's lookup, not an attempt
+	maybeSent      bool          // an attempt may have taken effect (Entry.MaybeSent)
 	lastError      string
 	responseHash   []byte
 	response       []byte
@@ -66,16 +67,19 @@ const completeSQL = `UPDATE {ledger} AS l SET
 	last_error = u.last_error,
 	response_hash = u.response_hash,
 	response = u.response,
+	maybe_sent = u.maybe_sent,
 	completed_at = CASE WHEN u.status IN ('succeeded', 'failed_terminal') THEN now() END
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[])
-	AS u(effect_id, lock_owner, status, delay_ms, last_error, response_hash, response)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bytea[], $7::bytea[],
+		$8::boolean[])
+	AS u(effect_id, lock_owner, status, delay_ms, last_error, response_hash, response, maybe_sent)
 WHERE l.effect_id = u.effect_id AND l.lock_owner = u.lock_owner
 	AND l.status IN ('in_flight', 'unknown')
 RETURNING l.effect_id`
 
 // sweepSQL settles effects of the types $1 whose lease ended while in
 // flight: due again with the same key when the executor deduplicates ($2)
-// and attempts remain ($3), unknown otherwise.
+// and attempts remain ($3), unknown otherwise. Either way the call may
+// have taken effect.
 const sweepSQL = `WITH expired AS (
 	SELECT effect_id AS expired_id,
 		effect_type = ANY($2::text[]) AND attempt_count < $3 AS retry
@@ -88,6 +92,7 @@ UPDATE {ledger} SET
 	lock_owner = CASE WHEN expired.retry THEN NULL ELSE lock_owner END,
 	locked_until = NULL,
 	next_attempt_at = now(),
+	maybe_sent = true,
 	last_error = 'lease expired while in flight'
 FROM expired WHERE effect_id = expired.expired_id
 RETURNING effect_id, effect_type, status, attempt_count`
@@ -137,9 +142,11 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []outcome) {
 	n := len(batch)
 	ids, owners, statuses, errs := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	delays, hashes, responses := make([]int64, n), make([][]byte, n), make([][]byte, n)
+	maybeSent := make([]bool, n)
 	for i, o := range batch {
 		ids[i], owners[i], statuses[i], errs[i] = o.id, o.owner, string(o.status), o.lastError
 		delays[i], hashes[i], responses[i] = o.delay.Milliseconds(), o.responseHash, o.response
+		maybeSent[i] = o.maybeSent
 	}
 	var (
 		written map[string]bool
@@ -149,7 +156,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []outcome) {
 		if try > 0 {
 			time.Sleep(time.Duration(100<<try) * time.Millisecond)
 		}
-		written, err = d.complete(ctx, ids, owners, statuses, delays, errs, hashes, responses)
+		written, err = d.complete(ctx, ids, owners, statuses, delays, errs, hashes, responses, maybeSent)
 		if err == nil {
 			break
 		}
@@ -174,10 +181,10 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []outcome) {
 
 // complete runs completeSQL and returns the ids it updated.
 func (d *Dispatcher) complete(ctx context.Context, ids, owners, statuses []string, delays []int64,
-	errs []string, hashes, responses [][]byte) (map[string]bool, error) {
+	errs []string, hashes, responses [][]byte, maybeSent []bool) (map[string]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	rows, err := d.cfg.Pool.Query(ctx, d.sql.complete, ids, owners, statuses, delays, errs, hashes, responses)
+	rows, err := d.cfg.Pool.Query(ctx, d.sql.complete, ids, owners, statuses, delays, errs, hashes, responses, maybeSent)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: complete: %w", err)
 	}

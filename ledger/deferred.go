@@ -12,16 +12,23 @@ import (
 )
 
 // recordManySQL inserts a batch's effects in one statement; the effects
-// already recorded are returned by the second statement for comparison.
+// already recorded are returned by the second statement for comparison. An
+// effect whose id has a tombstone is inserted as suppressed, with a note:
+// one probe of the tombstones' primary key per effect (the subquery is
+// fenced with OFFSET 0 so that it runs once per effect, as a probe).
 const recordManySQL = `INSERT INTO {ledger} (effect_id, effect_type, consumer, message_id, business_key, target,
-	idempotency_key, request_hash, request, status, trace_context)
-SELECT u.id, u.typ, u.consumer, u.message_id, u.business_key, u.target, u.key, u.hash, u.request, u.status,
-	u.trace::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
-	$7::text[], $8::bytea[], $9::bytea[], $10::text[], $11::text[])
-	AS u(id, typ, consumer, message_id, business_key, target, key, hash, request, status, trace)
+	idempotency_key, request_hash, request, status, last_error, trace_context)
+SELECT v.id, v.typ, v.consumer, v.message_id, v.business_key, v.target, v.key, v.hash, v.request,
+	CASE WHEN v.note IS NULL THEN v.status ELSE 'suppressed' END, coalesce(v.note, ''), v.trace::jsonb
+FROM (
+	SELECT u.*, (SELECT ` + tombstoneNote + ` FROM {tombstones} AS t WHERE t.effect_id = u.id) AS note
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+		$7::text[], $8::bytea[], $9::bytea[], $10::text[], $11::text[])
+		AS u(id, typ, consumer, message_id, business_key, target, key, hash, request, status, trace)
+	OFFSET 0
+) AS v
 ON CONFLICT (effect_id) DO NOTHING
-RETURNING effect_id`
+RETURNING effect_id, effect_type, status`
 
 const storedHashesSQL = `SELECT effect_id, request_hash FROM {ledger} WHERE effect_id = ANY($1::text[])`
 
@@ -70,7 +77,6 @@ func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
 	hashes := make([][]byte, n)
 	requests := make([][]byte, n)
 	traces := make([]*string, n)
-	notify := false
 	for i, e := range p.entries {
 		cols[0][i], cols[1][i], cols[2][i], cols[3][i] = e.ID, e.Type, e.Consumer, e.MessageID
 		cols[4][i], cols[5][i], cols[6][i], cols[7][i] = e.BusinessKey, e.Target, e.IdempotencyKey, string(e.Status)
@@ -78,14 +84,20 @@ func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
 		hashes[i] = h[:]
 		requests[i] = e.Request
 		traces[i] = traceJSON(e.TraceContext)
-		notify = notify || e.Status == StatusPending
 	}
 	rows, err := tx.Query(ctx, p.l.sql.recordMany, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6],
 		hashes, requests, cols[7], traces)
 	if err != nil {
 		return fmt.Errorf("ledger: record %d effects: %w", n, err)
 	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var (
+		inserted []written
+		w        written
+	)
+	_, err = pgx.ForEachRow(rows, []any{&w.id, &w.typ, &w.status}, func() error {
+		inserted = append(inserted, w)
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("ledger: record %d effects: %w", n, err)
 	}
@@ -94,20 +106,54 @@ func (p *pendingEffects) Flush(ctx context.Context, tx pgx.Tx) error {
 			return err
 		}
 	}
-	if notify && len(inserted) > 0 {
-		if _, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", p.l.sql.channel); err != nil {
-			return fmt.Errorf("ledger: notify dispatchers: %w", err)
+	return p.settle(ctx, tx, inserted)
+}
+
+// written is an effect a flush inserted, as it was written.
+type written struct{ id, typ, status string }
+
+// settle counts the effects the flush wrote as suppressed and, when it
+// wrote pending ones, sends the tombstone guard (see guardSQL) and wakes the
+// dispatchers, in one round trip.
+func (p *pendingEffects) settle(ctx context.Context, tx pgx.Tx, inserted []written) error {
+	recorded := make(map[string]Status, len(p.entries))
+	for _, e := range p.entries {
+		recorded[e.ID] = e.Status
+	}
+	var pending []string
+	for _, w := range inserted {
+		switch Status(w.status) {
+		case StatusPending:
+			pending = append(pending, w.id)
+		case StatusSuppressed:
+			p.l.metrics.suppress(ctx, w.typ, suppressReason(recorded[w.id]), 1)
 		}
+	}
+	if len(pending) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	b.Queue(p.l.sql.guardMany, pending).Query(func(rows pgx.Rows) error {
+		var typ string
+		_, err := pgx.ForEachRow(rows, []any{&typ}, func() error {
+			p.l.metrics.suppress(ctx, typ, reasonTombstone, 1)
+			return nil
+		})
+		return err
+	})
+	b.Queue("SELECT pg_notify($1, '')", p.l.sql.channel)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: guard %d effects and notify dispatchers: %w", len(pending), err)
 	}
 	return nil
 }
 
 // compareExisting checks that the effects not inserted were recorded before
 // with the same request.
-func (p *pendingEffects) compareExisting(ctx context.Context, tx pgx.Tx, inserted []string) error {
+func (p *pendingEffects) compareExisting(ctx context.Context, tx pgx.Tx, inserted []written) error {
 	done := make(map[string]bool, len(inserted))
-	for _, id := range inserted {
-		done[id] = true
+	for _, w := range inserted {
+		done[w.id] = true
 	}
 	var ids []string
 	for _, e := range p.entries {

@@ -42,8 +42,9 @@ type DispatcherConfig struct {
 	Lease time.Duration
 	// Logger receives the dispatcher's logs. Default: slog.Default().
 	Logger *slog.Logger
-	// MaxAttempts is how many attempts a retryable effect gets before it
-	// becomes failed_terminal. Default: 20.
+	// MaxAttempts is how many attempts an effect gets. When they run out a
+	// retryable effect becomes failed_terminal, or unknown if an attempt
+	// may have taken effect (Entry.MaybeSent). Default: 20.
 	MaxAttempts int
 	// MeterProvider provides the meter for the dispatcher's metrics.
 	// Default: otel.GetMeterProvider().
@@ -138,10 +139,10 @@ type Dispatcher struct {
 func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
 	cfg.setDefaults()
 	if cfg.Pool == nil {
-		return nil, errors.New("ledger: DispatcherConfig.Pool is required")
+		return nil, fmt.Errorf("ledger: %w: DispatcherConfig.Pool is required", idem.ErrConfig)
 	}
 	if len(cfg.Executors) == 0 {
-		return nil, errors.New("ledger: DispatcherConfig.Executors is empty")
+		return nil, fmt.Errorf("ledger: %w: DispatcherConfig.Executors is empty", idem.ErrConfig)
 	}
 	s, err := newStatements(cfg.Tables)
 	if err != nil {
@@ -156,7 +157,7 @@ func NewDispatcher(cfg DispatcherConfig) (*Dispatcher, error) {
 		db:     health.NewDatabase(cfg.Pool, "ledger dispatcher database")}
 	for typ, ex := range cfg.Executors {
 		if ex == nil {
-			return nil, fmt.Errorf("ledger: executor for %q is nil", typ)
+			return nil, fmt.Errorf("ledger: %w: executor for %q is nil", idem.ErrConfig, typ)
 		}
 		d.types = append(d.types, typ)
 		if ex.DeduplicatesByKey() {
@@ -206,6 +207,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("ledger: register gauges: %w", err)
 	}
 	defer func() { _ = reg.Unregister() }()
+	ready, err := health.ObserveReady(d.cfg.MeterProvider, d)
+	if err != nil {
+		return fmt.Errorf("ledger: register the readiness gauge: %w", err)
+	}
+	defer func() { _ = ready.Unregister() }()
 
 	r := &run{
 		ctx:      ctx,
@@ -388,7 +394,7 @@ func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, look
 	ctx, span := d.startSpan(ctx, e, lookup)
 	ex := d.cfg.Executors[e.Type]
 	c := Call{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey, Target: e.Target,
-		IdempotencyKey: e.IdempotencyKey, Request: e.Request, Attempt: e.AttemptCount}
+		IdempotencyKey: e.IdempotencyKey, Request: e.Request, Attempt: e.AttemptCount, RecordedAt: e.CreatedAt}
 	begin := time.Now()
 	var (
 		res Result
@@ -409,7 +415,8 @@ func (d *Dispatcher) call(ctx context.Context, e Entry, deadline time.Time, look
 
 // settle decides the status an attempt leaves e in.
 func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) outcome {
-	o := outcome{id: e.ID, owner: e.LockOwner, typ: e.Type, status: res.Status, attempt: e.AttemptCount, lookup: lookup}
+	o := outcome{id: e.ID, owner: e.LockOwner, typ: e.Type, status: res.Status, attempt: e.AttemptCount,
+		lookup: lookup, maybeSent: e.MaybeSent}
 	if err != nil {
 		o.lastError = truncate(err.Error(), 1024)
 	}
@@ -423,11 +430,28 @@ func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) 
 	default:
 		o.status = StatusUnknown
 	}
-	if o.status == StatusUnknown && dedup && e.AttemptCount < d.cfg.MaxAttempts {
-		// The target deduplicates by key: sending again with the same key
-		// is safe and settles the question.
+	if lookup && err != nil {
+		// A lookup that failed says nothing of the request, whatever
+		// status came with the error: the effect stays unknown.
+		o.status = StatusUnknown
+	}
+	switch {
+	case o.status == StatusUnknown:
+		o.maybeSent = true
+	case o.status == StatusFailedRetryable && lookup:
+		// The target says it never saw the request: nothing was done.
+		o.maybeSent = false
+	}
+	if o.status == StatusUnknown && (dedup || res.InProgress) && e.AttemptCount < d.cfg.MaxAttempts {
+		// The target deduplicates by key (or said it holds the request and
+		// is still working on it): sending again with the same key is safe
+		// and settles the question.
 		o.status = StatusFailedRetryable
-		o.lastError = "outcome unknown, retrying with the same key: " + o.lastError
+		why := "outcome unknown, retrying with the same key: "
+		if res.InProgress {
+			why = "the target is still processing the request, asking again with the same key: "
+		}
+		o.lastError = why + o.lastError
 	}
 	switch o.status {
 	case StatusFailedRetryable:
@@ -436,8 +460,7 @@ func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) 
 			break
 		}
 		if e.AttemptCount >= d.cfg.MaxAttempts {
-			o.status = StatusFailedTerminal
-			o.lastError = fmt.Sprintf("gave up after %d attempts: %s", e.AttemptCount, o.lastError)
+			o.status, o.lastError = d.exhausted(e.AttemptCount, o.maybeSent, o.lastError)
 			break
 		}
 		o.delay = max(d.backoff(e.AttemptCount), res.RetryAfter)
@@ -447,6 +470,18 @@ func (d *Dispatcher) settle(e Entry, res Result, err error, lookup, dedup bool) 
 		}
 	}
 	return o
+}
+
+// exhausted is the status and error of an effect whose last attempt failed
+// retryably with no attempts left: failed_terminal when no attempt may have
+// taken effect, unknown when one may have (a later "not sent" cannot undo
+// an earlier attempt).
+func (d *Dispatcher) exhausted(attempts int, maybeSent bool, lastError string) (Status, string) {
+	if maybeSent {
+		return StatusUnknown, fmt.Sprintf("gave up after %d attempts, an earlier one of which may have taken effect: %s",
+			attempts, lastError)
+	}
+	return StatusFailedTerminal, fmt.Sprintf("gave up after %d attempts: %s", attempts, lastError)
 }
 
 // backoff is the delay after the attempt-th failed attempt: exponential, with

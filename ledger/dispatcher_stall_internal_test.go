@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/faultproxy"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // runDispatcher runs d until the test ends, and fails the test if Run does

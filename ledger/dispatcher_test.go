@@ -137,11 +137,12 @@ func counter(t *testing.T, r *sdkmetric.ManualReader, name string) int64 {
 	return n
 }
 
-func TestServerErrorsAreRetriedUntilSuccess(t *testing.T) {
+func TestUnavailableWithRetryAfterIsRetriedUntilSuccess(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	tg := newTarget(t, func(w http.ResponseWriter, _ *http.Request, n int) {
 		if n <= 2 {
+			w.Header().Set("Retry-After", "0") // the origin says it is down: nothing was done
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
@@ -342,4 +343,41 @@ func TestShutdownWaitsForCallsInFlightAndWritesTheirOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ledger.StatusSucceeded, got.Status)
 	require.Empty(t, got.LastError)
+}
+
+// failingLookup answers every call with unknown and every lookup with a
+// failed query that also says "not sent", as an executor's own convention
+// for a refused connection might.
+type failingLookup struct {
+	funcExecutor
+	lookups atomic.Int32
+}
+
+func (e *failingLookup) Lookup(context.Context, ledger.Call) (ledger.Result, error) {
+	e.lookups.Add(1)
+	return ledger.Result{Status: ledger.StatusFailedRetryable}, errTest
+}
+
+// A lookup that fails says nothing of the request: the effect stays
+// unknown and is never sent again on its word.
+func TestAFailedLookupLeavesTheEffectUnknown(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	e := f.record(t, context.Background(), ledger.Effect{Type: "pay", BusinessKey: "b", Request: []byte(`{}`)})[0]
+	var calls atomic.Int32
+	ex := &failingLookup{funcExecutor: funcExecutor{fn: func(context.Context, ledger.Call) (ledger.Result, error) {
+		calls.Add(1)
+		return ledger.Result{Status: ledger.StatusUnknown}, errTest
+	}}}
+	f.dispatch(t, ledger.DispatcherConfig{Executors: map[string]ledger.Executor{"pay": ex}, ReconcileInterval: time.Millisecond})
+	require.Eventually(t, func() bool { return ex.lookups.Load() >= 3 }, 15*time.Second, 5*time.Millisecond)
+	// Between lookups the effect is unknown; during one, a reconciler holds
+	// it (in_flight).
+	require.Eventually(t, func() bool {
+		got, err := f.ledger.Get(context.Background(), e.ID)
+		require.NoError(t, err)
+		require.Contains(t, []ledger.Status{ledger.StatusUnknown, ledger.StatusInFlight}, got.Status)
+		return got.Status == ledger.StatusUnknown
+	}, 5*time.Second, time.Millisecond, "unknown between lookups")
+	require.Equal(t, int32(1), calls.Load(), "sent once, never again on a failed lookup's word")
 }

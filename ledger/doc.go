@@ -75,8 +75,13 @@
 // effects sent again automatically, with the same key. An executor that can
 // ask its target what became of a request implements Reconciler, and the
 // dispatcher looks unknown effects up on a schedule. The others wait for an
-// operator: List, Get and History show them, and Resolve settles one
-// (`idem ledger resolve`), with an audit row.
+// operator: List (a page at a time: Filter.After, Entry.Cursor), Get and
+// History show them, and Resolve settles one (`idem ledger resolve`), with
+// an audit row. ResolveMany settles several and ResolveWhere every one a
+// Filter with a status selects, each in a transaction and an audit row of
+// its own, refusing one that moved on since it was listed
+// (Resolution.From): one decision after an outage, for all the effects it
+// left unknown.
 //
 // # Replays
 //
@@ -84,6 +89,19 @@
 // idem.Rebuild effects are written as StatusSuppressed and never dispatched;
 // during idem.Forensic nothing is written and effects are captured in memory
 // (see WithCapture).
+//
+// # The ledger's horizon
+//
+// Retention deletes settled effects (DeleteSettled, which the retention
+// package and `idem cleanup` call) and leaves, in the same statement, a
+// tombstone for each: the effect id, its idempotency key, how and when it
+// settled, when it was deleted (see Tombstone). Record probes the
+// tombstones in the statement that inserts an effect, and writes an effect
+// recorded again under a tombstoned id as StatusSuppressed: a repair, a
+// rebuild or a redrive after retention never sends it twice. Suppressed
+// effects are counted by idem.ledger.effects.suppressed, by effect type and
+// reason ("tombstone" or "rebuild"). Tombstones go only with
+// DeleteTombstones.
 //
 // # Tracing
 //

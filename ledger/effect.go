@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -21,36 +22,38 @@ const (
 	StatusInFlight Status = "in_flight"
 	// StatusSucceeded is an effect the target confirmed.
 	StatusSucceeded Status = "succeeded"
-	// StatusFailedRetryable is an effect whose last attempt failed before it
-	// could take effect; it is retried after next_attempt_at.
+	// StatusFailedRetryable is an effect whose last attempt provably did not
+	// take effect (or, for a target that deduplicates by key, whose outcome
+	// is unknown while attempts remain); it is retried after next_attempt_at
+	// with the same idempotency key.
 	StatusFailedRetryable Status = "failed_retryable"
 	// StatusFailedTerminal is an effect the target refused for good, or one
-	// that ran out of attempts.
+	// that ran out of attempts none of which may have taken effect.
 	StatusFailedTerminal Status = "failed_terminal"
-	// StatusUnknown is an effect that may or may not have taken effect: a
-	// timeout after the request left, or a lease that expired while in flight.
-	// It waits for a reconciler or an operator.
+	// StatusUnknown is an effect that may or may not have taken effect: an
+	// answer that proves nothing (a timeout after the request left, a 5xx, a
+	// cut response), a lease that expired while in flight, or retries that
+	// ran out after such an attempt. It waits for a reconciler or an
+	// operator.
 	StatusUnknown Status = "unknown"
-	// StatusSuppressed is an effect recorded during a rebuild replay: it is
-	// kept for the record and never dispatched.
+	// StatusSuppressed is an effect recorded during a rebuild replay, or
+	// recorded again under the id of a settled effect retention removed (its
+	// tombstone): it is kept for the record and never dispatched.
 	StatusSuppressed Status = "suppressed"
 )
 
-// Statuses lists every status in lifecycle order.
-var Statuses = []Status{
+// statuses is every status in lifecycle order.
+var statuses = [...]Status{
 	StatusPending, StatusInFlight, StatusSucceeded, StatusFailedRetryable,
 	StatusFailedTerminal, StatusUnknown, StatusSuppressed,
 }
 
+// Statuses returns every status in lifecycle order, in a new slice the
+// caller may change.
+func Statuses() []Status { return slices.Clone(statuses[:]) }
+
 // Valid reports whether s is one of the statuses.
-func (s Status) Valid() bool {
-	for _, v := range Statuses {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
+func (s Status) Valid() bool { return slices.Contains(statuses[:], s) }
 
 // Effect is an external effect a handler wants to happen once.
 type Effect struct {
@@ -107,6 +110,12 @@ type Entry struct {
 	// CompletedAt is when the effect succeeded or failed for good; zero
 	// otherwise.
 	CompletedAt time.Time
+	// MaybeSent says an attempt may have taken effect: its answer proved
+	// nothing (a timeout, a 5xx, a cut response, a lease that ended in
+	// flight) or the target said the request was still in progress. Retries
+	// that run out then leave the effect unknown, never failed_terminal. An
+	// operator's resolution to pending clears it.
+	MaybeSent bool
 	// TraceContext is the W3C trace context ("traceparent", "tracestate")
 	// of the span that recorded the effect; the dispatcher's span for each
 	// attempt is its child. Nil when Record's context carried no span.

@@ -19,7 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/migrate"
 )

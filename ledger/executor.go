@@ -10,9 +10,10 @@ import (
 // claim's lease does.
 type Executor interface {
 	// Execute performs call and says what happened in Result.Status:
-	// StatusSucceeded, StatusFailedRetryable (the request did not take
-	// effect; try again), StatusFailedTerminal (the target refused it for
-	// good) or StatusUnknown (the request may have taken effect). Any other
+	// StatusSucceeded, StatusFailedRetryable (the request provably did not
+	// take effect; try again), StatusFailedTerminal (the target refused it
+	// for good) or StatusUnknown (the request may have taken effect: report
+	// this for any answer that does not prove otherwise). Any other
 	// status, the zero Result included, counts as StatusUnknown, the only
 	// safe assumption. A non-nil error describes the failure and is kept as
 	// the entry's last error.
@@ -47,6 +48,9 @@ type Call struct {
 	Request []byte
 	// Attempt counts the attempts, starting at 1.
 	Attempt int
+	// RecordedAt is when the effect was recorded: the same on every
+	// attempt.
+	RecordedAt time.Time
 }
 
 // Result is what an executor reports about a call.
@@ -60,4 +64,11 @@ type Result struct {
 	// again that the target asked for; the dispatcher waits at least this
 	// long, or its own backoff if that is longer.
 	RetryAfter time.Duration
+	// InProgress, with StatusUnknown, says the target holds an earlier
+	// request under this idempotency key that has not finished (a 409 "in
+	// progress"). Such a target deduplicates by key, so the dispatcher sends
+	// the request again with the same key after RetryAfter (or its backoff,
+	// if longer) while attempts remain, whatever DeduplicatesByKey says;
+	// when they run out the effect stays unknown.
+	InProgress bool
 }

@@ -3,6 +3,7 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,15 +25,22 @@ import (
 // HTTPExecutor sends each effect's request as a JSON body to the effect's
 // Target URL, with the effect's idempotency key in the Idempotency-Key
 // header and the effect's trace context in the traceparent header. It
-// classifies the answer:
+// classifies the answer by what it proves (see docs/ledger.md):
 //
 //   - 2xx: succeeded.
-//   - 409 Conflict, 422 Unprocessable Entity and other 4xx: failed_terminal.
-//   - 408, 425, 429 and 5xx: failed_retryable, honouring Retry-After.
-//   - no answer after the request started to leave (a timeout, a reset):
+//   - 408, 425 and 429 (the request was refused before it was acted on),
+//     503 with Retry-After (the origin declares itself unavailable), and an
+//     error before anything was sent (DNS, connection refused, TLS):
+//     failed_retryable, honouring Retry-After.
+//   - 409 with Retry-After or the problem code
+//     IDEMPOTENCY_REQUEST_IN_PROGRESS: the target holds an earlier request
+//     under this key; unknown with Result.InProgress, so it is asked again
+//     later with the same key.
+//   - 3xx, 501, 505 and other 4xx: failed_terminal.
+//   - 500, 502, 504, 503 without Retry-After and every other 5xx (a
+//     gateway answers them after its upstream may have acted), and no
+//     answer after the request started to leave (a timeout, a reset):
 //     unknown.
-//   - an error before anything was sent (DNS, connection refused, TLS):
-//     failed_retryable.
 //
 // The zero value is usable. Its fields must not change once it is in use.
 type HTTPExecutor struct {
@@ -116,23 +124,65 @@ func (e *HTTPExecutor) send(ctx context.Context, method string, call Call) (res 
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxResponseRead))
 	res = Result{Response: body}
 	code = resp.StatusCode
-	switch {
-	case code >= 200 && code < 300:
-		res.Status = StatusSucceeded
+	res.Status, res.RetryAfter, res.InProgress = classifyHTTP(code, resp.Header, body, time.Now())
+	if res.Status == StatusSucceeded {
 		return res, code, nil
-	case code >= 300 && code < 400:
-		res.Status = StatusFailedTerminal // a redirect: the target is misconfigured, nothing was done
-	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests, code >= 500:
-		res.Status = StatusFailedRetryable
-		res.RetryAfter = retryAfter(resp.Header.Get("Retry-After"), time.Now())
-	default:
-		res.Status = StatusFailedTerminal
 	}
 	err = fmt.Errorf("ledger: http %s: %s", call.EffectID, resp.Status)
 	if readErr != nil {
 		err = errors.Join(err, fmt.Errorf("read body: %w", readErr))
 	}
 	return res, code, err
+}
+
+// inProgressCodes are the problem codes with which a target answers 409 to
+// a request whose idempotency key an unfinished request holds: idem's own
+// HTTP edge (package httpinbox) and Stripe's.
+var inProgressCodes = [...]string{"IDEMPOTENCY_REQUEST_IN_PROGRESS", "idempotency_key_in_use"}
+
+// classifyHTTP is the status an answer with status code code leaves an
+// effect in, what it asks with Retry-After, and whether it says an earlier
+// request under the same key is still in progress. Only an answer that
+// proves the request was not acted on is retryable for a target that does
+// not deduplicate; an answer that proves nothing is unknown.
+func classifyHTTP(code int, h http.Header, body []byte, now time.Time) (Status, time.Duration, bool) {
+	after := retryAfter(h.Get("Retry-After"), now)
+	switch {
+	case code >= 200 && code < 300:
+		return StatusSucceeded, 0, false
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests:
+		return StatusFailedRetryable, after, false
+	case code == http.StatusServiceUnavailable && h.Get("Retry-After") != "":
+		return StatusFailedRetryable, after, false
+	case code == http.StatusConflict && (h.Get("Retry-After") != "" || saysInProgress(body)):
+		return StatusUnknown, after, true
+	case code == http.StatusNotImplemented, code == http.StatusHTTPVersionNotSupported:
+		return StatusFailedTerminal, 0, false // the server cannot handle the request at all
+	case code >= 500:
+		return StatusUnknown, after, false
+	default: // 1xx, 3xx and 4xx: an answer that refuses the request
+		return StatusFailedTerminal, 0, false
+	}
+}
+
+// saysInProgress reports whether body is a problem document (RFC 9457, or
+// an error object as Stripe's) whose code is one of inProgressCodes.
+func saysInProgress(body []byte) bool {
+	var p struct {
+		Code  string `json:"code"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &p) != nil {
+		return false
+	}
+	for _, c := range inProgressCodes {
+		if p.Code == c || p.Error.Code == c {
+			return true
+		}
+	}
+	return false
 }
 
 // newRequest builds the request of call, with the executor's headers, the

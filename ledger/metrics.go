@@ -84,3 +84,47 @@ func (m *metrics) transition(ctx context.Context, typ string, s Status, n int64)
 	m.transitions.Add(ctx, n, metric.WithAttributes(
 		attribute.String("effect_type", typ), attribute.String("status", string(s))))
 }
+
+// Reasons an effect is recorded as suppressed, the reason attribute of
+// idem.ledger.effects.suppressed.
+const (
+	// reasonRebuild: recorded during a rebuild replay, which sends nothing.
+	reasonRebuild = "rebuild"
+	// reasonTombstone: recorded again under an id whose settled effect
+	// retention removed (its tombstone).
+	reasonTombstone = "tombstone"
+)
+
+// recordMetrics are Record's instruments. Attributes are the effect type
+// and the reason only.
+type recordMetrics struct {
+	suppressed metric.Int64Counter
+}
+
+func newRecordMetrics(mp metric.MeterProvider) (*recordMetrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(instrumentation, metric.WithSchemaURL(tracing.SchemaURL))
+	c, err := m.Int64Counter("idem.ledger.effects.suppressed",
+		metric.WithDescription("Effects recorded as suppressed, never sent, by effect type and reason: "+
+			"rebuild (a rebuild replay) or tombstone (recorded again after retention removed the settled effect)."))
+	if err != nil {
+		return nil, err
+	}
+	return &recordMetrics{suppressed: c}, nil
+}
+
+func (m *recordMetrics) suppress(ctx context.Context, typ, reason string, n int64) {
+	m.suppressed.Add(ctx, n, metric.WithAttributes(
+		attribute.String("effect_type", typ), attribute.String("reason", reason)))
+}
+
+// suppressReason is why an effect recorded with status recorded (pending,
+// or suppressed by a rebuild) was written as suppressed.
+func suppressReason(recorded Status) string {
+	if recorded == StatusSuppressed {
+		return reasonRebuild
+	}
+	return reasonTombstone
+}

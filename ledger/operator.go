@@ -2,37 +2,27 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/keyset"
+	"github.com/idemkit/idem/internal/rowcount"
 )
 
-const listSQL = `SELECT {columns} FROM {ledger}
-WHERE ($1 = '' OR status = $1) AND ($2 = '' OR effect_type = $2) AND ($3 = '' OR consumer = $3)
-	AND (cardinality($4::text[]) = 0 OR message_id = ANY($4::text[]))
-ORDER BY created_at, effect_id
-LIMIT $5`
+// listSQL reads a page of entries in (created_at, effect_id) order, under
+// the conditions of the filter's set fields (keyset.Where), through the
+// index that matches them: all, by status, by consumer (migration 0021).
+const listSQL = `SELECT {columns} FROM {ledger}`
 
-const statsSQL = `SELECT status, count(*) FROM {ledger} GROUP BY status`
+// statusCountSQL counts the entries in status $1, reading at most $2 of
+// them through the status index.
+const statusCountSQL = `SELECT count(*) FROM (SELECT 1 FROM {ledger} WHERE status = $1 LIMIT $2) AS capped`
 
-// resolveSQL moves effect $1 from status $2 to $3 for an operator.
-const resolveSQL = `UPDATE {ledger} SET
-	status = $3::text, lock_owner = NULL, locked_until = NULL, next_attempt_at = now(),
-	attempt_count = CASE WHEN $3::text = 'pending' THEN 0 ELSE attempt_count END,
-	last_error = $4,
-	completed_at = CASE WHEN $3::text IN ('succeeded', 'failed_terminal') THEN now() END
-WHERE effect_id = $1 AND status = $2
-RETURNING {columns}`
-
-const auditSQL = `INSERT INTO {audit} (effect_id, operator, from_status, to_status, reason)
-VALUES ($1, $2, $3, $4, $5)`
-
-// Filter selects entries for List.
+// Filter selects entries for List and ResolveWhere.
 type Filter struct {
-	// Status keeps entries in this status; empty keeps all.
+	// Status keeps entries in this status; empty keeps all. ResolveWhere
+	// requires it.
 	Status Status
 	// Type keeps entries of this effect type; empty keeps all.
 	Type string
@@ -41,12 +31,29 @@ type Filter struct {
 	// MessageIDs keeps entries recorded while processing these messages
 	// (with Consumer, to scope them); empty keeps all.
 	MessageIDs []string
-	// Limit is the most entries returned. Default: 100.
+	// After continues a listing after the entry whose Cursor it is: pages
+	// are in the order entries were recorded (created_at, then effect id),
+	// and an entry recorded or changed meanwhile neither repeats nor shifts
+	// the pages. Empty starts with the oldest.
+	After string
+	// Limit is the most entries returned (ResolveWhere: resolved per
+	// page). Default: 100.
 	Limit int
 }
 
-// List returns entries matching f, oldest first.
+// Cursor returns the position of e in a listing, for Filter.After: the
+// next page starts after e.
+func (e Entry) Cursor() string { return keyset.Encode(e.CreatedAt, e.ID) }
+
+// List returns a page of the entries matching f, oldest first: at most
+// f.Limit, after f.After. When it returns f.Limit entries, the next page
+// starts after the last one's Cursor.
 func (l *Ledger) List(ctx context.Context, f Filter) ([]Entry, error) {
+	return l.list(ctx, f, time.Time{})
+}
+
+// list is List of the entries recorded at or before end, when end is set.
+func (l *Ledger) list(ctx context.Context, f Filter, end time.Time) ([]Entry, error) {
 	if err := l.needPool(); err != nil {
 		return nil, err
 	}
@@ -56,11 +63,34 @@ func (l *Ledger) List(ctx context.Context, f Filter) ([]Entry, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	ids := f.MessageIDs
-	if ids == nil {
-		ids = []string{}
+	var w keyset.Where
+	order := ""
+	switch {
+	case len(f.MessageIDs) > 0: // a few rows: the (consumer, message_id) index
+		w.Equal("status", string(f.Status))
+		w.Equal("consumer", f.Consumer)
+		w.Add("message_id = ANY(" + w.Arg(f.MessageIDs) + "::text[])")
+	case f.Status != "" && f.Consumer != "": // the (consumer, status, created_at, effect_id) index
+		order = w.Leading("consumer", f.Consumer, false)
+		order += w.Leading("status", string(f.Status), false)
+	case f.Status != "": // the (status, created_at, effect_id) index
+		order = w.Leading("status", string(f.Status), false)
+		w.Equal("consumer", f.Consumer)
+	default: // the (consumer, created_at, effect_id) index, or (created_at, effect_id)
+		if f.Consumer != "" {
+			order = w.Leading("consumer", f.Consumer, false)
+		}
 	}
-	rows, err := l.pool.Query(ctx, l.sql.list, string(f.Status), f.Type, f.Consumer, ids, f.Limit)
+	w.Equal("effect_type", f.Type)
+	err := w.After(f.After, "created_at", "effect_id", "text", func(id string) (any, error) { return id, nil })
+	if err != nil {
+		return nil, fmt.Errorf("ledger: list: after %q: %w", f.After, err)
+	}
+	if !end.IsZero() {
+		w.Add("created_at <= " + w.Arg(end) + "::timestamptz")
+	}
+	sql := l.sql.list + w.SQL() + " ORDER BY " + order + "created_at, effect_id LIMIT " + w.Arg(f.Limit)
+	rows, err := l.pool.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: list: %w", err)
 	}
@@ -91,74 +121,17 @@ func (l *Ledger) Get(ctx context.Context, id string) (Entry, error) {
 	return e, nil
 }
 
-// Resolution is an operator's decision about an effect, typically an unknown
-// one after checking with the target.
-type Resolution struct {
-	// As is the new status: StatusSucceeded (it happened),
-	// StatusFailedTerminal (it did not and must not be tried again) or
-	// StatusPending (send it again, with the same idempotency key).
-	As Status
-	// Reason says why, for the audit trail. Required.
-	Reason string
-	// Operator says who decided. Required.
-	Operator string
-}
-
-// Resolve applies r to the effect with id id and writes an audit row (who,
-// when, from which status to which, why) in the same transaction. An effect
-// in flight cannot be resolved (ErrInFlight): wait for its outcome or for its
-// lease to expire. A succeeded or suppressed effect cannot be resolved
-// (ErrNotResolvable). Resolving to StatusPending sends it again, with the
-// same idempotency key and a fresh attempt budget, and wakes the dispatchers.
-func (l *Ledger) Resolve(ctx context.Context, id string, r Resolution) (Entry, error) {
-	if err := l.needPool(); err != nil {
-		return Entry{}, err
-	}
-	switch r.As {
-	case StatusSucceeded, StatusFailedTerminal, StatusPending:
-	default:
-		return Entry{}, fmt.Errorf("ledger: resolve %s: cannot resolve as %q (want succeeded, failed_terminal or pending)", id, r.As)
-	}
-	if strings.TrimSpace(r.Reason) == "" || strings.TrimSpace(r.Operator) == "" {
-		return Entry{}, fmt.Errorf("ledger: resolve %s: a reason and an operator are required", id)
-	}
-	var out Entry
-	err := pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
-		cur, err := scanEntry(tx.QueryRow(ctx, l.sql.get+" FOR UPDATE", id))
-		if err != nil {
-			return notFound(id, err)
-		}
-		switch cur.Status {
-		case StatusInFlight:
-			return fmt.Errorf("%w until %s", ErrInFlight, cur.LockedUntil.Format(time.RFC3339))
-		case StatusSucceeded, StatusSuppressed:
-			// Sending a completed effect again, or a rebuild's suppressed one,
-			// is never an operator's fix.
-			return fmt.Errorf("%w: %s is %s", ErrNotResolvable, id, cur.Status)
-		}
-		note := fmt.Sprintf("resolved as %s by %s: %s", r.As, r.Operator, r.Reason)
-		out, err = scanEntry(tx.QueryRow(ctx, l.sql.resolve, id, string(cur.Status), string(r.As), note))
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, l.sql.audit, id, r.Operator, string(cur.Status), string(r.As), r.Reason); err != nil {
-			return err
-		}
-		if r.As == StatusPending {
-			_, err = tx.Exec(ctx, "SELECT pg_notify($1, '')", l.sql.channel)
-		}
-		return err
-	})
-	if err != nil {
-		return Entry{}, fmt.Errorf("ledger: resolve %s: %w", id, err)
-	}
-	return out, nil
-}
-
 // Stats is a summary of the ledger.
 type Stats struct {
-	// Counts holds the number of effects in each status present.
+	// Counts holds the number of effects in each status present. A status
+	// with fewer than a thousand effects is counted exactly; one with more
+	// is the planner's estimate (see Estimated), so Stats reads about as
+	// many rows as it reports, however deep the history.
 	Counts map[Status]int64
+	// Estimated holds the statuses whose count is an estimate: the table's
+	// statistics (its last ANALYZE, scaled to its size now) put them at a
+	// thousand effects or more.
+	Estimated map[Status]bool
 	// OldestDue is how long the oldest due effect has waited for a
 	// dispatcher; zero when none is due.
 	OldestDue time.Duration
@@ -169,25 +142,24 @@ func (l *Ledger) Stats(ctx context.Context) (Stats, error) {
 	if err := l.needPool(); err != nil {
 		return Stats{}, err
 	}
-	s := Stats{Counts: map[Status]int64{}}
-	rows, err := l.pool.Query(ctx, l.sql.stats)
+	s := Stats{Counts: map[Status]int64{}, Estimated: map[Status]bool{}}
+	planner, err := rowcount.ReadStats(ctx, l.pool, l.sql.table, "status")
 	if err != nil {
 		return Stats{}, fmt.Errorf("ledger: stats: %w", err)
 	}
-	for rows.Next() {
-		var (
-			status string
-			n      int64
-		)
-		if err := rows.Scan(&status, &n); err != nil {
-			rows.Close()
-			return Stats{}, fmt.Errorf("ledger: stats: %w", err)
+	for _, status := range Statuses() {
+		c, err := planner.Of(ctx, string(status), func(ctx context.Context, limit int) (int64, error) {
+			var n int64
+			err := l.pool.QueryRow(ctx, l.sql.statusCount, string(status), limit).Scan(&n)
+			return n, err
+		})
+		if err != nil {
+			return Stats{}, fmt.Errorf("ledger: stats: count %s: %w", status, err)
 		}
-		s.Counts[Status(status)] = n
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return Stats{}, fmt.Errorf("ledger: stats: %w", err)
+		if c.N > 0 {
+			s.Counts[status] = c.N
+			s.Estimated[status] = c.Estimated
+		}
 	}
 	var oldest float64
 	if err := l.pool.QueryRow(ctx, l.sql.gauges).Scan(nil, &oldest); err != nil {
@@ -199,7 +171,7 @@ func (l *Ledger) Stats(ctx context.Context) (Stats, error) {
 
 func (l *Ledger) needPool() error {
 	if l.pool == nil {
-		return errors.New("ledger: Config.Pool is required for operator functions")
+		return fmt.Errorf("ledger: %w: Config.Pool is required for operator functions", idem.ErrConfig)
 	}
 	return nil
 }

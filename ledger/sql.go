@@ -18,14 +18,16 @@ import (
 const entryColumns = `effect_id, effect_type, consumer, message_id, business_key, target,
 	idempotency_key, request_hash, request, status, attempt_count, next_attempt_at,
 	locked_until, lock_owner, last_error, response_hash, response, created_at, completed_at,
-	trace_context`
+	trace_context, maybe_sent`
 
 // statements holds the ledger's SQL with the table names filled in once.
 type statements struct {
 	channel string // the NOTIFY channel, unquoted
 	listen  string
 
-	record, recordMany, storedHashes, get, list, stats   string
+	record, recordMany, storedHashes, get, list          string
+	statusCount, table                                   string
+	guard, guardMany, tombstone                          string
 	gauges                                               string
 	claim, claimUnknown, complete, sweep, resolve, audit string
 	history                                              string
@@ -39,6 +41,7 @@ func newStatements(t idem.Tables) (*statements, error) {
 	r := strings.NewReplacer(
 		"{ledger}", t.Table("ledger"),
 		"{audit}", t.Table("ledger_audit"),
+		"{tombstones}", t.Table("ledger_tombstones"),
 		"{columns}", entryColumns,
 	)
 	ch := channelName(t)
@@ -48,9 +51,13 @@ func newStatements(t idem.Tables) (*statements, error) {
 		record:       r.Replace(recordSQL),
 		recordMany:   r.Replace(recordManySQL),
 		storedHashes: r.Replace(storedHashesSQL),
+		guard:        r.Replace(guardSQL),
+		guardMany:    r.Replace(guardManySQL),
+		tombstone:    r.Replace(tombstoneSQL),
 		get:          r.Replace(getSQL),
 		list:         r.Replace(listSQL),
-		stats:        r.Replace(statsSQL),
+		statusCount:  r.Replace(statusCountSQL),
+		table:        t.Table("ledger"),
 		gauges:       r.Replace(gaugesSQL),
 		claim:        r.Replace(claimSQL),
 		claimUnknown: r.Replace(claimUnknownSQL),
@@ -83,7 +90,7 @@ func scanEntry(row pgx.Row) (Entry, error) {
 	err := row.Scan(&e.ID, &e.Type, &e.Consumer, &e.MessageID, &e.BusinessKey, &e.Target,
 		&e.IdempotencyKey, &reqHash, &e.Request, &status, &e.AttemptCount, &e.NextAttemptAt,
 		&lockedUntil, &lockOwner, &e.LastError, &respHash, &e.Response, &e.CreatedAt, &completedAt,
-		&e.TraceContext)
+		&e.TraceContext, &e.MaybeSent)
 	if err != nil {
 		return Entry{}, err
 	}

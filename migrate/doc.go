@@ -18,6 +18,16 @@
 //
 //	idem migrate [--schema S] [--prefix P]
 //
+// # A partitioned inbox
+//
+// UpWith with Options.PartitionWidth (`idem migrate --partition-width 1h`)
+// applies the same migrations, then lays an empty inbox out in time
+// partitions of that width and makes the first ones, so that retention
+// drops whole partitions (see package inbox, "Partitions"). An inbox that
+// holds rows is converted online, while workers run
+// (inbox.Inbox.ConvertPartitioned). Running it again with the same width
+// does nothing; another width is refused.
+//
 // # Schema and prefix
 //
 // Every table lives in Tables.Schema and is named Tables.Prefix + its name
@@ -43,13 +53,20 @@
 // by byte (COLLATE "C": they are opaque identifiers, and the locale's
 // comparisons were a large share of a claim's cost); it rebuilds the inbox's
 // primary key under an exclusive lock, so on a large inbox run it while the
-// consumers are stopped.
+// consumers are stopped. Version 15 indexes the ledger's settled effects,
+// which blocks the ledger's writes while it builds: on a large ledger run
+// it while the workers are stopped, or create the index CONCURRENTLY under
+// its name beforehand (see the migration's SQL).
+// Version 16 builds an index on http_keys, which
+// holds back new Idempotency-Keys while it is built, for a time that grows
+// with the keys kept.
 //
 // # The tables
 //
 // inbox, inbox_horizons and inbox_holds (package inbox), dead_letters
 // (package deadletters), attempts (the consumer's engine, for a queue with
-// a retry queue), ledger and ledger_audit (package ledger), http_keys,
+// a retry queue), ledger, ledger_audit and ledger_tombstones (package
+// ledger), http_keys,
 // http_keys_audit, http_operations and http_operations_audit (package
 // inbox/httpinbox), checkpoints (a stream consumer's, and a replay's),
 // replay_runs and replay_audit (package replay), and migrations itself.

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -13,11 +14,13 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/inbox"
 )
 
 //go:embed sql/*.sql
@@ -104,58 +107,113 @@ type Result struct {
 	Current int
 }
 
+// Options configures UpWith.
+type Options struct {
+	// PartitionWidth, when set, lays the inbox out in time partitions of
+	// this width (inbox.LayOutPartitioned), from inbox.MinPartitionWidth
+	// (a minute, for tests) to days, after the migrations and in their
+	// transaction, then makes the first partitions (inbox.EnsurePartitions).
+	// Retention then drops whole partitions. An inbox that holds rows is
+	// converted online after the migrations commit, while workers run
+	// (inbox.ConvertPartitioned); a schema partitioned already with this
+	// width is left as it is. Default: the plain layout, one table.
+	PartitionWidth time.Duration
+}
+
 // Up applies every migration not yet recorded for tables t. It runs in one
 // transaction holding an advisory lock derived from the schema name, so
 // concurrent callers serialise and each version is applied once.
 func Up(ctx context.Context, pool *pgxpool.Pool, t idem.Tables) (Result, error) {
+	return UpWith(ctx, pool, t, Options{})
+}
+
+// UpWith is Up with options: the same migrations, and the inbox's layout.
+func UpWith(ctx context.Context, pool *pgxpool.Pool, t idem.Tables, opts Options) (Result, error) {
 	ms, err := All(t)
 	if err != nil {
 		return Result{}, err
 	}
 	t = t.WithDefaults()
+	var ib *inbox.Inbox
+	if opts.PartitionWidth != 0 {
+		if ib, err = inbox.New(inbox.Config{Tables: t}); err != nil {
+			return Result{}, fmt.Errorf("migrate: %w", err)
+		}
+	}
 	var res Result
+	convert := false
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(t.Schema)); err != nil {
-			return fmt.Errorf("migrate: advisory lock: %w", err)
+		if err := apply(ctx, tx, t, ms, &res); err != nil {
+			return err
 		}
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+t.QuotedSchema()); err != nil {
-			return fmt.Errorf("migrate: create schema %s: %w", t.Schema, err)
+		if ib == nil {
+			return nil
 		}
-		if _, err := tx.Exec(ctx, createMigrationsTable(t)); err != nil {
-			return fmt.Errorf("migrate: create migrations table: %w", err)
+		err := ib.LayOutPartitioned(ctx, tx, opts.PartitionWidth)
+		if errors.Is(err, inbox.ErrHoldsRows) {
+			convert = true // after the migrations commit, online
+			return nil
 		}
-		rows, err := tx.Query(ctx, "SELECT version FROM "+t.Table("migrations"))
 		if err != nil {
-			return fmt.Errorf("migrate: read applied versions: %w", err)
-		}
-		applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return fmt.Errorf("migrate: read applied versions: %w", err)
-		}
-		done := make(map[int]bool, len(applied))
-		for _, v := range applied {
-			done[v] = true
-			res.Current = max(res.Current, v)
-		}
-		for _, m := range ms {
-			if done[m.Version] {
-				continue
-			}
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+t.Table("migrations")+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
-				return fmt.Errorf("migrate: record %04d_%s: %w", m.Version, m.Name, err)
-			}
-			res.Applied = append(res.Applied, m.Version)
-			res.Current = max(res.Current, m.Version)
+			return fmt.Errorf("migrate: %w", err)
 		}
 		return nil
 	})
 	if err != nil {
 		return Result{}, err
 	}
+	switch {
+	case convert:
+		if err := ib.ConvertPartitioned(ctx, pool, opts.PartitionWidth); err != nil {
+			return res, fmt.Errorf("migrate: %w", err)
+		}
+	case ib != nil:
+		if _, err := ib.EnsurePartitions(ctx, pool, 0); err != nil {
+			return res, fmt.Errorf("migrate: %w", err)
+		}
+	}
 	return res, nil
+}
+
+// apply applies, in tx, the migrations ms not yet recorded, under the
+// schema's advisory lock, and fills res.
+func apply(ctx context.Context, tx pgx.Tx, t idem.Tables, ms []Migration, res *Result) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(t.Schema)); err != nil {
+		return fmt.Errorf("migrate: advisory lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+t.QuotedSchema()); err != nil {
+		return fmt.Errorf("migrate: create schema %s: %w", t.Schema, err)
+	}
+	if _, err := tx.Exec(ctx, createMigrationsTable(t)); err != nil {
+		return fmt.Errorf("migrate: create migrations table: %w", err)
+	}
+	rows, err := tx.Query(ctx, "SELECT version FROM "+t.Table("migrations"))
+	if err != nil {
+		return fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return fmt.Errorf("migrate: read applied versions: %w", err)
+	}
+	done := make(map[int]bool, len(applied))
+	for _, v := range applied {
+		done[v] = true
+		res.Current = max(res.Current, v)
+	}
+	for _, m := range ms {
+		if done[m.Version] {
+			continue
+		}
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+t.Table("migrations")+" (version, name) VALUES ($1, $2)", m.Version, m.Name); err != nil {
+			return fmt.Errorf("migrate: record %04d_%s: %w", m.Version, m.Name, err)
+		}
+		res.Applied = append(res.Applied, m.Version)
+		res.Current = max(res.Current, m.Version)
+	}
+	return nil
 }
 
 // LockKey is the advisory lock key Up takes for schema. It is exported so that

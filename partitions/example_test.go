@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 	"github.com/idemkit/idem/partitions"
 )
 

@@ -2,7 +2,6 @@ package projection
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/configerr"
 	"github.com/idemkit/idem/internal/shadow"
 )
 
@@ -34,8 +34,8 @@ type Config struct {
 }
 
 // ErrConfig is returned (wrapped) by New and NewGuard for a configuration
-// they cannot use.
-var ErrConfig = errors.New("projection: invalid configuration")
+// they cannot use. It matches idem.ErrConfig.
+var ErrConfig = configerr.New("projection: invalid configuration")
 
 // Projection is a declared projection: its name, schema and tables. It is
 // safe for concurrent use.

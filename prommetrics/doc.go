@@ -5,10 +5,12 @@
 //
 // # Serving /metrics
 //
-// Serve installs a MeterProvider that exports through the Prometheus
-// exporter as the global provider, then serves it on an address of your
-// choice. Call it before creating the consumer, the dispatcher or the HTTP
-// middleware: each takes the global provider when its Config names none.
+// Serve creates a MeterProvider that exports through the Prometheus
+// exporter and serves it on an address of your choice. It leaves
+// OpenTelemetry's global provider alone unless asked: give
+// Server.MeterProvider to the consumer, the dispatcher and the HTTP
+// middleware in their Configs, or call Server.SetGlobal before creating
+// them, since each takes the global provider when its Config names none.
 // An empty address turns it off, so a flag can decide:
 //
 //	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
@@ -19,6 +21,7 @@
 //		log.Fatal(err)
 //	}
 //	defer metrics.Close()
+//	metrics.SetGlobal() // every component created from here on reports to it
 //
 // The example workers take the same -metrics-addr flag.
 //

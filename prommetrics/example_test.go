@@ -8,9 +8,9 @@ import (
 	"github.com/idemkit/idem/prommetrics"
 )
 
-// A worker's main: -metrics-addr turns the Prometheus endpoint on; every
-// idem component created afterwards with its default MeterProvider reports
-// to it.
+// A worker's main: -metrics-addr turns the Prometheus endpoint on; after
+// SetGlobal, every idem component created with its default MeterProvider
+// reports to it.
 func ExampleServe() {
 	fs := flag.NewFlagSet("worker", flag.ExitOnError)
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
@@ -21,5 +21,6 @@ func ExampleServe() {
 		log.Fatal(err)
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // every component created from here on reports to it
 	// … create the consumer and the dispatcher, run them until shutdown.
 }

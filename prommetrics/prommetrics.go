@@ -15,7 +15,10 @@ import (
 	"github.com/prometheus/otlptranslator"
 	"go.opentelemetry.io/otel"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/idemkit/idem"
 )
 
 // Server serves the metrics until Close. Its methods are safe on the
@@ -27,17 +30,21 @@ type Server struct {
 	done     chan struct{} // closed when the serving goroutine returns
 }
 
-// Serve installs a MeterProvider that exports through the OpenTelemetry
-// Prometheus exporter as the global provider (otel.SetMeterProvider), so
-// that every component left at its default MeterProvider reports to it, and
-// serves GET /metrics on addr in the background until Close. The Go runtime
-// and process collectors are served beside idem's metrics.
+// Serve creates a MeterProvider that exports through the OpenTelemetry
+// Prometheus exporter and serves GET /metrics on addr in the background
+// until Close. The Go runtime and process collectors are served beside
+// idem's metrics. It leaves OpenTelemetry's global provider alone: pass
+// MeterProvider to each component's Config, or call SetGlobal.
 //
-// With addr "" it does nothing and returns a Server whose Close does
-// nothing, so the default of a flag can leave metrics off.
+// With addr "" it does nothing and returns a Server whose methods do
+// nothing, so the default of a flag can leave metrics off. An addr that is
+// not host:port is an error wrapping idem.ErrConfig.
 func Serve(addr string, logger *slog.Logger) (*Server, error) {
 	if addr == "" {
 		return &Server{}, nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return nil, fmt.Errorf("prommetrics: %w: %w", idem.ErrConfig, err)
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -66,7 +73,6 @@ func Serve(addr string, logger *slog.Logger) (*Server, error) {
 		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)),
 		done:     make(chan struct{}),
 	}
-	otel.SetMeterProvider(s.provider)
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -75,6 +81,26 @@ func Serve(addr string, logger *slog.Logger) (*Server, error) {
 	}()
 	logger.Info("serving Prometheus metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	return s, nil
+}
+
+// MeterProvider returns the provider whose instruments Serve exports; nil
+// when metrics are off, so that a component's Config given it falls back to
+// the global provider.
+func (s *Server) MeterProvider() metric.MeterProvider {
+	if s.provider == nil {
+		return nil
+	}
+	return s.provider
+}
+
+// SetGlobal makes the served provider OpenTelemetry's global one
+// (otel.SetMeterProvider), so that every component created afterwards with
+// its default MeterProvider reports to it. It does nothing when metrics are
+// off.
+func (s *Server) SetGlobal() {
+	if s.provider != nil {
+		otel.SetMeterProvider(s.provider)
+	}
 }
 
 // Addr returns the address the metrics are served on, "" when off.

@@ -26,12 +26,29 @@ func scrape(t *testing.T, addr string) string {
 	return string(b)
 }
 
-// The test sets the global MeterProvider, as Serve does in a worker: it is
-// the only test in this package.
+func TestServeLeavesTheGlobalProviderAloneUntilAsked(t *testing.T) {
+	before := otel.GetMeterProvider()
+	s, err := prommetrics.Serve("127.0.0.1:0", slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	require.Same(t, before, otel.GetMeterProvider())
+	require.NotNil(t, s.MeterProvider())
+
+	// Instruments as a component given the provider in its Config creates them.
+	m := s.MeterProvider().Meter("github.com/idemkit/idem/consumer")
+	n, err := m.Int64Counter("idem.consumer.duplicates")
+	require.NoError(t, err)
+	n.Add(context.Background(), 2)
+	require.Regexp(t, `(?m)^idem_consumer_duplicates_total\{.*\} 2$`, scrape(t, s.Addr()))
+}
+
+// The test sets the global MeterProvider, as a worker asks with SetGlobal:
+// it is the only test in this package that does.
 func TestServeExportsGlobalInstrumentsWithPrometheusNames(t *testing.T) {
 	s, err := prommetrics.Serve("127.0.0.1:0", slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	s.SetGlobal()
 
 	// Instruments as idem's packages create them: from the global provider.
 	m := otel.GetMeterProvider().Meter("github.com/idemkit/idem/consumer")
@@ -56,5 +73,7 @@ func TestServeWithoutAddressIsOff(t *testing.T) {
 	s, err := prommetrics.Serve("", nil)
 	require.NoError(t, err)
 	require.Empty(t, s.Addr())
+	require.Nil(t, s.MeterProvider())
+	s.SetGlobal() // does nothing
 	require.NoError(t, s.Close())
 }

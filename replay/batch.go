@@ -54,7 +54,7 @@ func (r *runner) segments() (main, catchUp *segment) {
 
 // batch processes consecutive records read from the stream.
 func (r *runner) batch(ctx context.Context, recs []streamio.Record) error {
-	items := r.eng.PrepareAll(streamio.Messages(r.o.Stream, recs, time.Now()))
+	items := r.items(recs)
 	if r.main == nil {
 		r.main, r.catchUp = r.segments()
 	}
@@ -135,11 +135,9 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 		s.DeadLettered++
 		if res.Reason == deadletters.ReasonPayloadConflict {
 			s.Conflicts++
-		} else {
-			s.HandlerErrors++
 		}
 	case idem.Retried: // forensic only: not retried, reported
-		s.HandlerErrors++
+		s.Retried++
 	}
 	r.settled.Add(1)
 	r.last.Store(it.Offset)
@@ -151,9 +149,9 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 	case forgotten:
 		s.Forgotten++
 	case res.Inbox == inbox.NewMessage:
-		s.NotProcessed++
+		s.InboxNew++
 	case res.Inbox == inbox.Duplicate:
-		s.ProcessedSameHash++
+		s.InboxDuplicate++
 	case res.Inbox == inbox.Conflict:
 		s.Conflicts++
 	}
@@ -163,4 +161,17 @@ func (r *runner) account(seg *segment, it *engine.Item, res engine.Result, captu
 	}
 	s.Effects += int64(len(effects))
 	return r.report.message(it, res, effects, forgotten)
+}
+
+// items prepares recs as the engine's items; a record the stream client
+// could not decode is dead-lettered as undecodable, as the live consumer
+// does.
+func (r *runner) items(recs []streamio.Record) []*engine.Item {
+	items := r.eng.PrepareAll(streamio.Messages(r.o.Stream, recs, time.Now()))
+	for i := range recs {
+		if recs[i].Undecodable != nil {
+			items[i].Undecodable(recs[i].Undecodable)
+		}
+	}
+	return items
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/internal/streamio"
 )
@@ -55,7 +54,7 @@ func BenchmarkReplay(b *testing.B) {
 		return err
 	}
 	c := e.consumer(nil, nil)
-	c.Consumer().Handle(consumer.JSON(projection))
+	c.Handle(consumer.JSON(projection))
 
 	// measure runs one replay b.N times and reports messages per second and
 	// the share of the cores' time the hypervisor gave to other virtual
@@ -71,7 +70,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportMetric(cpustat.Read().StealSince(cpu), "steal%")
 	}
 	// rebuild measures full rebuild replays of the stream through c.
-	rebuild := func(c *stream.Consumer, reset func(context.Context, pgx.Tx) error) func(*testing.B) {
+	rebuild := func(c *consumer.Consumer, reset func(context.Context, pgx.Tx) error) func(*testing.B) {
 		return func(b *testing.B) {
 			measure(b, func() {
 				sum, err := Run(ctx, c, Options{Mode: idem.Rebuild, Reset: reset})
@@ -93,15 +92,15 @@ func BenchmarkReplay(b *testing.B) {
 	})
 	b.Run("rebuild_upsert", rebuild(c, e.reset))
 	deferred := e.consumer(nil, nil)
-	deferred.Consumer().Handle(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
+	deferred.Handle(consumer.JSON(func(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev event) error {
 		return consumer.Defer(ctx, tx, upsert, ev.Key, ev.N) // pipelined with the batch's commit
 	}))
 	b.Run("rebuild_upsert_deferred", rebuild(deferred, e.reset))
 	batched := e.consumer(nil, nil)
-	batched.Consumer().Handle(consumer.JSON(projection))
+	batched.Handle(consumer.JSON(projection))
 	upsertMany := `INSERT INTO ` + s + `.totals AS t (key, sum) SELECT * FROM unnest($1::text[], $2::bigint[])
 		ON CONFLICT (key) DO UPDATE SET sum = EXCLUDED.sum`
-	batched.Consumer().HandleBatch(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+	batched.HandleBatch(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 		// The same projection, set-based: the last event per key wins, as
 		// it does when the upserts run one by one.
 		last := make(map[string]int64, len(msgs))
@@ -125,7 +124,7 @@ func BenchmarkReplay(b *testing.B) {
 	})
 	b.Run("rebuild_upsert_batch", rebuild(batched, e.reset))
 	noop := e.consumer(nil, nil)
-	noop.Consumer().Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	noop.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	b.Run("rebuild_noop", rebuild(noop, nil))
 	b.Run("forensic", func(b *testing.B) {
 		measure(b, func() {

@@ -1,11 +1,11 @@
 // Package replay runs a consumer's handler over a bounded range of a
 // RabbitMQ stream: from the first record, an offset or a time, to an end
 // fixed when the replay starts (the tail at that moment, an offset or a
-// time), and then it stops by itself. Run takes the *stream.Consumer a
-// worker builds to read the stream live (package consumer/stream), and every
-// batch runs through the same pipeline as live consumption (payload hash,
-// inbox, one transaction per batch, a savepoint per message), in one of four
-// modes:
+// time), and then it stops by itself. Run takes the *consumer.Consumer a
+// worker builds to read the stream live (one with a Config.Stream), and
+// every batch runs through the same pipeline as live consumption (payload
+// hash, inbox, one transaction per batch, a savepoint per message), in one
+// of four modes:
 //
 //   - idem.Normal behaves like the live consumer: the live inbox scope skips
 //     what was processed, new effects are dispatched.
@@ -22,7 +22,8 @@
 //     back; the inbox is looked up, handlers run (and fail if they write),
 //     effects are captured in memory; a JSON-lines report (ReportLine,
 //     ReportSummary) says for each message what the live inbox holds and
-//     what the handler did. Conflicts or handler errors make Run return
+//     what the handler did, in the claim's decision names and the outcome
+//     names. Conflicts, failed handlers or dead letters make Run return
 //     ErrFindings (exit code 1 from package replaycmd).
 //   - idem.Repair re-runs only the selected messages (by business key or
 //     message id) even if they were processed, in the live inbox scope,
@@ -34,7 +35,7 @@
 //
 // An online rebuild builds the projection's declared tables again (see
 // package projection) beside the live ones, while the live consumer
-// (stream.Run, in any process) keeps consuming into the live tables and
+// (its Run, in any process) keeps consuming into the live tables and
 // readers keep reading them:
 //
 //   - building: it creates a shadow of each table (CREATE TABLE … LIKE …

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/projection"
 	"github.com/idemkit/idem/replay"
 )
@@ -21,8 +20,8 @@ import (
 var overview, _ = projection.New(projection.Config{Name: "overview", Tables: []string{"overview"}})
 
 // newConsumer is the worker's stream consumer, with its handler.
-func newConsumer(pool *pgxpool.Pool) *stream.Consumer {
-	c, err := consumer.New(consumer.Config{Name: "overview", Pool: pool, AMQPURL: os.Getenv("IDEM_AMQP_URL")})
+func newConsumer(pool *pgxpool.Pool) *consumer.Consumer {
+	c, err := consumer.New(consumer.Config{Name: "overview", Stream: "orders.events", Pool: pool, AMQPURL: os.Getenv("IDEM_AMQP_URL")})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -32,11 +31,7 @@ func newConsumer(pool *pgxpool.Pool) *stream.Consumer {
 			ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, m.ID, m.Body)
 		return err
 	})
-	s, err := stream.New(c, stream.Config{Stream: "orders.events"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	return s
+	return c
 }
 
 // Rebuild the projection from the whole stream while the live workers run:

@@ -42,7 +42,7 @@ func TestForensicReplayWritesNothingAndReportsEachMessage(t *testing.T) {
 		live = append(live, consumer.Message{MessageID: m.MessageID, Body: m.Body})
 	}
 	live = append(live, consumer.Message{MessageID: "m-4", Body: body(event{Key: "k4", N: 400})})
-	outs, err := c.Consumer().Process(ctx, live)
+	outs, err := c.Process(ctx, live)
 	require.NoError(t, err)
 	for _, o := range outs {
 		require.Equal(t, idem.Processed, o.Outcome)
@@ -63,9 +63,10 @@ func TestForensicReplayWritesNothingAndReportsEachMessage(t *testing.T) {
 	require.Equal(t, before, e.snapshot(), "a forensic replay changed a table")
 	require.EqualValues(t, 11, s.Messages)
 	require.EqualValues(t, 1, s.Conflicts)
-	require.EqualValues(t, 4, s.ProcessedSameHash)
-	require.EqualValues(t, 5, s.NotProcessed)
-	require.EqualValues(t, 5, s.HandlerErrors, "fail, reject, write, no id, undecodable")
+	require.EqualValues(t, 4, s.InboxDuplicate)
+	require.EqualValues(t, 5, s.InboxNew)
+	require.EqualValues(t, 2, s.Retried, "fail, write")
+	require.EqualValues(t, 3, s.DeadLettered, "reject, no id, undecodable")
 	golden(t, "forensic.jsonl", report.Bytes())
 }
 
@@ -81,5 +82,5 @@ func TestForensicReplayOfAHealthyStreamExitsZero(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, s.Findings())
 	require.Equal(t, 26, bytes.Count(out.Bytes(), []byte("\n")), "25 messages and the summary")
-	require.Contains(t, out.String(), `"kind":"summary","end_offset":29,"first_offset":5,"last_offset":29,"messages":25,"not_processed":0,"processed_same_hash":25`)
+	require.Contains(t, out.String(), `"kind":"summary","end_offset":29,"first_offset":5,"last_offset":29,"messages":25,"inbox_new":0,"inbox_duplicate":25`)
 }

@@ -17,11 +17,10 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/projection"
 )
@@ -111,6 +110,9 @@ type handler struct {
 	proj *projection.Projection
 	// onApply, when set, runs after each application (tests kill runs here).
 	onApply func()
+	// fixed makes the handler apply the events it used to reject: the fix
+	// deployed before a repair.
+	fixed bool
 }
 
 // table returns the handler's table name (totals or applied) for SQL in ctx.
@@ -125,7 +127,7 @@ func (h *handler) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev
 	switch {
 	case ev.Fail:
 		return errors.New("the handler fails on this message")
-	case ev.Reject:
+	case ev.Reject && !h.fixed:
 		return consumer.DeadLetter("rejected", errors.New("the handler rejects this message"))
 	}
 	totals, applied := h.table(ctx, "totals"), h.table(ctx, "applied")
@@ -162,13 +164,14 @@ func (h *handler) handle(ctx context.Context, tx pgx.Tx, m *consumer.Message, ev
 }
 
 // consumer returns the test consumer (name "test") of the env's stream.
-func (e *env) consumer(h *handler, edit func(*consumer.Config)) *stream.Consumer {
+func (e *env) consumer(h *handler, edit func(*consumer.Config)) *consumer.Consumer {
 	e.t.Helper()
 	if h == nil {
 		h = &handler{e: e}
 	}
 	cfg := consumer.Config{
-		Name: "test", Pool: e.pool, Tables: e.tables,
+		Name: "test", Stream: e.stream, StreamURL: streamio.URLFromEnv(), Topology: consumer.Passive, // newEnv declared it
+		Pool: e.pool, Tables: e.tables,
 		Logger: testLogger(), RetryBaseDelay: 10 * time.Millisecond, RetryMaxDelay: 50 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second,
 		BusinessKey: func(m *consumer.Message) (string, error) {
@@ -183,17 +186,15 @@ func (e *env) consumer(h *handler, edit func(*consumer.Config)) *stream.Consumer
 	c, err := consumer.New(cfg)
 	require.NoError(e.t, err)
 	c.Handle(consumer.JSON(h.handle))
-	s, err := stream.New(c, stream.Config{Stream: e.stream, URL: streamio.URLFromEnv()})
-	require.NoError(e.t, err)
-	return s
+	return c
 }
 
 // runLive runs c as a live stream worker until its checkpoint reaches last.
-func (e *env) runLive(c *stream.Consumer, last int64) {
+func (e *env) runLive(c *consumer.Consumer, last int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- stream.Run(ctx, c) }()
+	go func() { done <- c.Run(ctx) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for e.checkpoint("test") != last {
 		if time.Now().After(deadline) {
@@ -213,11 +214,11 @@ func (e *env) runLive(c *stream.Consumer, last int64) {
 
 // startLive runs c as a live stream worker until the returned stop is
 // called (also at the end of the test).
-func (e *env) startLive(c *stream.Consumer) (stop func()) {
+func (e *env) startLive(c *consumer.Consumer) (stop func()) {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- stream.Run(ctx, c) }()
+	go func() { done <- c.Run(ctx) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

@@ -25,7 +25,7 @@ import (
 //     anyway refuses to resume (checkOwnScope); an online rebuild's swap
 //     records the live horizon for the rows it makes the live scope forget;
 //   - forensic: records at or below the horizon are reported "forgotten",
-//     not "not-processed" (forgottenUpTo);
+//     not "new" (forgottenUpTo);
 //   - repair re-runs its selection whatever the inbox holds, by design, and
 //     audits what the inbox held.
 
@@ -45,7 +45,7 @@ func (r *runner) checkHorizon(ctx context.Context, from Position, end int64) err
 	if err != nil || !found {
 		return err
 	}
-	if err := r.belowHorizon(ctx, r.pool, &first); err != nil {
+	if err := r.belowHorizon(ctx, r.pool, &first.Message); err != nil {
 		return fmt.Errorf("replay: the range starts below the inbox horizon: %w; "+
 			"or allow it deliberately (AllowBelowHorizon, --allow-below-horizon)", err)
 	}
@@ -104,7 +104,7 @@ func (r *runner) guardHorizon(ctx context.Context, tx pgx.Tx, items []*engine.It
 // firstRecord returns the first record of [from, end]; found is false when
 // the range holds none.
 func (r *runner) firstRecord(ctx context.Context, from Position, end int64) (first streamio.Record, found bool, err error) {
-	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from, To: Offset(end), MaxBatch: 1}
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: Offset(end).stream(), MaxBatch: 1}
 	err = r.env.Read(ctx, spec, func(_ context.Context, recs []streamio.Record) error {
 		first, found = recs[0], true
 		return errFirst

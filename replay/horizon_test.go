@@ -72,8 +72,8 @@ func TestNormalReplayRefusesToStartBelowTheInboxHorizon(t *testing.T) {
 	s, err = Run(ctx, e.consumer(nil, nil), Options{Mode: idem.Forensic})
 	require.NoError(t, err)
 	require.Equal(t, int64(10), s.Forgotten)
-	require.Zero(t, s.NotProcessed)
-	require.Equal(t, int64(10), s.ProcessedSameHash)
+	require.Zero(t, s.InboxNew)
+	require.Equal(t, int64(10), s.InboxDuplicate)
 
 	// Told otherwise, the replay runs the forgotten messages again.
 	s, err = Run(ctx, e.consumer(nil, nil), Options{Mode: idem.Normal, AllowBelowHorizon: true})

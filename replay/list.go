@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/keyset"
 )
 
 // RunRecord is one replay run, as `idem replay runs` lists it. Forensic
@@ -43,9 +45,12 @@ type RunRecord struct {
 	// StartedAt is when the run started; FinishedAt when it finished or was
 	// abandoned (zero while unfinished).
 	StartedAt, FinishedAt time.Time
-	// Audited counts the run's audit rows (repair: one per settled selected
-	// message); DeadLettered those among them whose outcome was
-	// dead_lettered.
+	// Audited counts the audit rows the run wrote (repair: one per settled
+	// selected message), kept on the run as it writes them, so they stay
+	// counted after retention deletes the rows. DeadLettered counts the
+	// messages the run dead-lettered: a repair's audit rows whose outcome
+	// was dead_lettered, a rebuild's dead letters (written under its own
+	// inbox scope, counted through the dead letters' consumer index).
 	Audited, DeadLettered int64
 }
 
@@ -57,16 +62,14 @@ type RunFilter struct {
 	Limit int
 }
 
+// listRunsSQL reads a page of runs, newest first, through the index on
+// (started_at, run_id) or, for one consumer, its own: the counts are the
+// run's, kept as it writes its audit rows, so a page reads one row per run.
 const listRunsSQL = `SELECT r.run_id, r.mode, r.consumer, r.stream, r.from_position, r.to_position, r.end_offset,
 	r.handoff_offset, r.operator, r.reason, r.status = 'finished', r.status = 'abandoned',
 	coalesce(r.projection, ''), coalesce(r.projection_tables, '{}'), r.started_at, r.finished_at,
-	coalesce(a.audited, 0), coalesce(a.dead_lettered, 0)
-FROM %[1]s AS r
-LEFT JOIN LATERAL (SELECT count(*) AS audited, count(*) FILTER (WHERE outcome = 'dead_lettered') AS dead_lettered
-	FROM %[2]s WHERE run_id = r.run_id) AS a ON true
-WHERE $1 = '' OR r.consumer = $1
-ORDER BY r.started_at DESC, r.run_id DESC
-LIMIT $2`
+	r.audited, r.dead_lettered
+FROM %[1]s AS r`
 
 // ListRuns returns the replay runs in tables matching f, newest first, with
 // their audit counts.
@@ -77,7 +80,11 @@ func ListRuns(ctx context.Context, q interface {
 		f.Limit = 100
 	}
 	tables = tables.WithDefaults()
-	rows, err := q.Query(ctx, fmt.Sprintf(listRunsSQL, tables.Table("replay_runs"), tables.Table("replay_audit")), f.Consumer, f.Limit)
+	var w keyset.Where
+	w.Equal("r.consumer", f.Consumer)
+	sql := fmt.Sprintf(listRunsSQL, tables.Table("replay_runs")) + w.SQL() +
+		" ORDER BY r.started_at DESC, r.run_id DESC LIMIT " + w.Arg(f.Limit)
+	rows, err := q.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("replay: list runs: %w", err)
 	}
@@ -97,6 +104,14 @@ func ListRuns(ctx context.Context, q interface {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replay: list runs: %w", err)
+	}
+	for i := range out {
+		if out[i].Mode != idem.Rebuild {
+			continue
+		}
+		if out[i].DeadLettered, err = deadletters.Count(ctx, q, tables, rebuildScope(out[i].Consumer, out[i].ID)); err != nil {
+			return nil, fmt.Errorf("replay: list runs: %w", err)
+		}
 	}
 	return out, nil
 }

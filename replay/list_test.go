@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/streamio"
 )
 
 func TestListRunsShowsEachRunNewestFirstWithItsAuditCounts(t *testing.T) {
@@ -47,4 +48,23 @@ func TestListRunsShowsEachRunNewestFirstWithItsAuditCounts(t *testing.T) {
 	runs, err = ListRuns(ctx, e.pool, e.tables, RunFilter{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
+}
+
+func TestListRunsCountsTheDeadLettersOfARebuild(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.publish(msgs(0, 5)...)
+	e.publish(streamio.Outgoing{MessageID: "m-reject", Body: body(event{Key: "k1", Reject: true})})
+	c := e.consumer(nil, nil)
+	e.runLive(c, 5) // the live consumer has read it all: the rebuild has nothing to catch up
+	s, err := Run(ctx, c, Options{Mode: idem.Rebuild, Reset: e.reset})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.DeadLettered)
+
+	runs, err := ListRuns(ctx, e.pool, e.tables, RunFilter{})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, idem.Rebuild, runs[0].Mode)
+	require.Equal(t, int64(1), runs[0].DeadLettered, "what the run's summary said")
 }

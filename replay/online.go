@@ -90,11 +90,11 @@ func (r *runner) startOnline(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if r.o.From.Kind() == streamio.PositionOffset && r.o.From.At() > live+1 {
+	if r.o.From.kind() == streamio.PositionOffset && r.o.From.at() > live+1 {
 		return 0, invalid("the rebuild would start at offset %d, after the live consumer's checkpoint %d: "+
-			"(%d, %d) would be missing from the rebuilt tables; start at %d or earlier", r.o.From.At(), live, live, r.o.From.At(), live+1)
+			"(%d, %d) would be missing from the rebuilt tables; start at %d or earlier", r.o.From.at(), live, live, r.o.From.at(), live+1)
 	}
-	if r.o.From.Kind() == streamio.PositionTime {
+	if r.o.From.kind() == streamio.PositionTime {
 		return 0, invalid("a rebuild starts from first or an offset, not a time")
 	}
 	id := r.o.RunID
@@ -118,8 +118,8 @@ func (r *runner) startOnline(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	r.row = row
-	if r.o.From.Kind() == streamio.PositionOffset {
-		return r.o.From.At() - 1, nil
+	if r.o.From.kind() == streamio.PositionOffset {
+		return r.o.From.at() - 1, nil
 	}
 	return -1, nil
 }
@@ -186,8 +186,8 @@ func (r *runner) applied(ctx context.Context, q store.Querier) (int64, error) {
 		return 0, err
 	case ok:
 		return last, nil
-	case r.o.From.Kind() == streamio.PositionOffset:
-		return r.o.From.At() - 1, nil
+	case r.o.From.kind() == streamio.PositionOffset:
+		return r.o.From.at() - 1, nil
 	default:
 		return -1, nil
 	}
@@ -201,11 +201,11 @@ func (r *runner) shadows(row *run) shadowSet {
 // build applies the stream to the shadows up to the live consumer's
 // checkpoint, again and again while the live consumer moves on, until the
 // lag is small enough (or stops shrinking), then swaps.
-func (r *runner) build(ctx context.Context, done int64) error {
+func (r *runner) build(ctx context.Context, done int64) (err error) {
 	r.setPhase(phaseBuilding)
 	if r.o.Progress != nil {
 		prog := startProgress(r.o.Progress, r.o.ProgressInterval, string(r.o.Mode)+" "+r.o.Stream, Offset(done+1), r.tally)
-		defer prog.stop()
+		defer func() { prog.stop(err == nil) }()
 	}
 	prev, attempt := int64(math.MaxInt64), 0
 	for {
@@ -254,7 +254,7 @@ func (r *runner) build(ctx context.Context, done int64) error {
 // resumeAt is where reading continues after offset done: the run's start
 // before anything was applied.
 func (r *runner) resumeAt(done int64) Position {
-	if done < 0 && r.o.From.Kind() != streamio.PositionOffset {
+	if done < 0 && r.o.From.kind() != streamio.PositionOffset {
 		return r.o.From
 	}
 	return Offset(done + 1)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/internal/configerr"
 	"github.com/idemkit/idem/internal/streamio"
 	"github.com/idemkit/idem/projection"
 )
@@ -157,8 +157,8 @@ func (s Selection) matcher() func(m *consumer.Message) bool {
 var (
 	// ErrInvalidOptions means the options cannot describe a replay: an
 	// unknown mode, an end before the start, a time in the future, a repair
-	// without selection, operator or reason.
-	ErrInvalidOptions = errors.New("replay: invalid options")
+	// without selection, operator or reason. It matches idem.ErrConfig.
+	ErrInvalidOptions = configerr.New("replay: invalid options")
 	// ErrLiveWorker means a live worker holds the consumer's stream lock, so
 	// a rebuild cannot pause it. Stop the live workers, or set Options.Wait.
 	ErrLiveWorker = errors.New("replay: a live worker holds the stream lock")
@@ -179,7 +179,7 @@ var (
 	ErrRebuildPending = errors.New("replay: an interrupted rebuild of this consumer is pending")
 	// ErrFindings means a forensic replay found payload conflicts or
 	// messages whose handler failed. The report says which.
-	ErrFindings = errors.New("replay: forensic replay found conflicts or handler errors")
+	ErrFindings = errors.New("replay: forensic replay found conflicts, failed handlers or dead letters")
 )
 
 func invalid(format string, args ...any) error {
@@ -189,10 +189,9 @@ func invalid(format string, args ...any) error {
 // defaultBatchSize is the smallest default batch of a replay.
 const defaultBatchSize = 1000
 
-// withDefaults fills the defaults from c and checks what can be checked
-// without the broker or the database.
-func (o Options) withDefaults(s *stream.Consumer) (Options, error) {
-	cfg := s.Consumer().Config()
+// withDefaults fills the defaults from the consumer's cfg and checks what
+// can be checked without the broker or the database.
+func (o Options) withDefaults(cfg consumer.Config) (Options, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
@@ -209,9 +208,9 @@ func (o Options) withDefaults(s *stream.Consumer) (Options, error) {
 		o.RetryDelay = 100 * time.Millisecond
 	}
 	if o.Stream == "" {
-		o.Stream = s.Stream()
+		o.Stream = cfg.Stream
 	}
-	o.From, o.To = o.From.Or(First()), o.To.Or(Tail())
+	o.From, o.To = o.From.or(First()), o.To.or(Tail())
 	o.Select.Keys, o.Select.IDs = clean(o.Select.Keys), clean(o.Select.IDs)
 	return o, o.validate(cfg)
 }
@@ -228,18 +227,18 @@ func (o Options) validate(cfg consumer.Config) error {
 	switch {
 	case o.Stream == "":
 		return invalid("no stream: set Options.Stream")
-	case o.From.Kind() == streamio.PositionTail:
+	case o.From.kind() == streamio.PositionTail:
 		return invalid("a replay cannot start at the tail")
-	case o.To.Kind() == streamio.PositionFirst:
+	case o.To.kind() == streamio.PositionFirst:
 		return invalid("a replay cannot end at first")
-	case o.From.Kind() == streamio.PositionTime && o.From.When().After(now):
+	case o.From.kind() == streamio.PositionTime && o.From.when().After(now):
 		return invalid("start %s is in the future", o.From)
-	case o.To.Kind() == streamio.PositionTime && o.To.When().After(now):
+	case o.To.kind() == streamio.PositionTime && o.To.when().After(now):
 		return invalid("end %s is in the future: the end must be fixed when the replay starts", o.To)
-	case o.From.Kind() == streamio.PositionOffset && o.To.Kind() == streamio.PositionOffset && o.To.At() < o.From.At(),
-		o.From.Kind() == streamio.PositionTime && o.To.Kind() == streamio.PositionTime && o.To.When().Before(o.From.When()):
+	case o.From.kind() == streamio.PositionOffset && o.To.kind() == streamio.PositionOffset && o.To.at() < o.From.at(),
+		o.From.kind() == streamio.PositionTime && o.To.kind() == streamio.PositionTime && o.To.when().Before(o.From.when()):
 		return invalid("end %s is before start %s", o.To, o.From)
-	case o.Mode == idem.Rebuild && o.To.Kind() == streamio.PositionTime:
+	case o.Mode == idem.Rebuild && o.To.kind() == streamio.PositionTime:
 		return invalid("a rebuild ends at the tail or at an offset: the hand-off needs an exact offset")
 	case o.Mode != idem.Repair && (!o.Select.empty() || o.Redispatch):
 		return invalid("a selection and Redispatch are for repair only")
@@ -253,7 +252,7 @@ func (o Options) validate(cfg consumer.Config) error {
 		return invalid("Reset is for an in-place rebuild: an online rebuild (Projection) starts from empty shadow tables")
 	case o.Projection != nil && o.Wait:
 		return invalid("Wait is for an in-place rebuild: an online rebuild runs beside the live workers")
-	case o.Projection != nil && o.To.Kind() != streamio.PositionTail:
+	case o.Projection != nil && o.To.kind() != streamio.PositionTail:
 		return invalid("an online rebuild ends where the live consumer is when it swaps: To must be the tail")
 	case o.Mode == idem.Forensic && o.RunID != "":
 		return invalid("a forensic replay writes nothing, so it has no run to resume: run it again")

@@ -53,7 +53,10 @@ type snapshot struct {
 	phase              string
 	pause              time.Duration
 	elapsed            time.Duration
-	final              bool
+	// final is the last line's state: "done" when the replay reached its
+	// end, "stopped" when it ended before (an error, a Ctrl-C); "" while
+	// it runs.
+	final string
 }
 
 // progress draws a replay's progress until stopped: a bar with rate and ETA
@@ -69,12 +72,14 @@ type progress struct {
 	done  chan struct{}
 }
 
-// startProgress starts drawing t to w; stop ends it with a last line.
+// startProgress starts drawing t to w, with a first line at once (a replay
+// may read for a while before it settles its first message); stop ends it
+// with a last line.
 func startProgress(w io.Writer, interval time.Duration, label string, from Position, t *tally) *progress {
 	p := &progress{w: w, tty: isTerminal(w), label: label, from: -1, t: t, start: time.Now(),
 		quit: make(chan struct{}), done: make(chan struct{})}
-	if from.Kind() == streamio.PositionOffset {
-		p.from = from.At()
+	if from.kind() == streamio.PositionOffset {
+		p.from = from.at()
 	}
 	if p.tty {
 		interval = redraw
@@ -83,26 +88,33 @@ func startProgress(w io.Writer, interval time.Duration, label string, from Posit
 		defer close(p.done)
 		tk := time.NewTicker(interval)
 		defer tk.Stop()
+		p.draw("")
 		for {
 			select {
 			case <-p.quit:
 				return
 			case <-tk.C:
-				p.draw(false)
+				p.draw("")
 			}
 		}
 	}()
 	return p
 }
 
-// stop ends the drawing with a final line.
-func (p *progress) stop() {
+// stop ends the drawing with a final line: the replay is done when
+// finished, stopped before its end otherwise.
+func (p *progress) stop(finished bool) {
 	close(p.quit)
 	<-p.done
-	p.draw(true)
+	final := "stopped"
+	if finished {
+		final = "done"
+	}
+	p.draw(final)
 }
 
-func (p *progress) draw(final bool) {
+// draw writes one line; final is snapshot.final.
+func (p *progress) draw(final string) {
 	s := snapshot{n: p.t.settled.Load(), from: p.from, last: p.t.last.Load(), end: p.t.end.Load(),
 		pause: time.Duration(p.t.pause.Load()), elapsed: time.Since(p.start), final: final}
 	if s.from < 0 {
@@ -114,7 +126,7 @@ func (p *progress) draw(final bool) {
 	line := p.line(s)
 	if p.tty {
 		end := ""
-		if final {
+		if final != "" {
 			end = "\n"
 		}
 		fmt.Fprintf(p.w, "\r%s\x1b[K%s", line, end)
@@ -132,7 +144,9 @@ func (p *progress) line(s snapshot) string {
 	}
 	eta := "?"
 	switch {
-	case s.final || s.phase == phaseSwapped:
+	case s.final != "":
+		eta = s.final
+	case s.phase == phaseSwapped:
 		eta = "done"
 	case frac > 0:
 		eta = formatDuration(time.Duration(float64(s.elapsed) * (1 - frac) / frac))

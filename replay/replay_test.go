@@ -15,10 +15,11 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/projection"
 )
@@ -147,7 +148,7 @@ func TestRebuildFailsFastWhileALiveWorkerHoldsTheStreamLock(t *testing.T) {
 	ctx := context.Background()
 	e.publish(msgs(0, 10)...)
 	c := e.consumer(nil, nil)
-	lock, err := pglock.Acquire(ctx, e.pool, store.StreamLockKey(e.tables, c.Consumer().Config().Name, c.Stream()), pglock.Config{Logger: testLogger()})
+	lock, err := pglock.Acquire(ctx, e.pool, store.StreamLockKey(e.tables, c.Config().Name, c.Config().Stream), pglock.Config{Logger: testLogger()})
 	require.NoError(t, err)
 	_, err = Run(ctx, c, Options{Mode: idem.Rebuild, Reset: e.reset})
 	require.ErrorIs(t, err, ErrLiveWorker)
@@ -240,7 +241,7 @@ func TestFailingHandlerIsRetriedInPlaceThenDeadLetteredAndTheReplayGoesOn(t *tes
 	s, err := Run(context.Background(), c, Options{Mode: idem.Normal, RetryDelay: time.Millisecond})
 	require.NoError(t, err)
 	require.EqualValues(t, 20, s.Processed)
-	require.EqualValues(t, 1, s.HandlerErrors)
+	require.EqualValues(t, 1, s.DeadLettered)
 	require.Equal(t, 1, e.count(`SELECT count(*) FROM `+e.tables.Table("dead_letters")+` WHERE message_id = 'm-bad' AND reason = 'max_attempts' AND attempts = 3`))
 	require.EqualValues(t, 20, e.checkpoint(runScope("test", s.RunID)))
 	require.Equal(t, "finished", e.runStatus(s.RunID))
@@ -292,11 +293,10 @@ func TestReplayRejectsArgumentsThatMakeNoSenseBeforeAnythingRuns(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	cc, err := consumer.New(consumer.Config{Name: "test", Pool: pool})
+	c, err := consumer.New(consumer.Config{Name: "test", Pool: pool, Stream: "s", StreamURL: "rabbitmq-stream://nobody@127.0.0.1:1/",
+		Topology: consumer.Passive})
 	require.NoError(t, err)
-	cc.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
-	c, err := stream.New(cc, stream.Config{Stream: "s", URL: "rabbitmq-stream://nobody@127.0.0.1:1/"})
-	require.NoError(t, err)
+	c.Handle(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	future := time.Now().Add(time.Hour)
 	p, err := projection.New(projection.Config{Name: "p", Tables: []string{"t"}})
 	require.NoError(t, err)
@@ -337,4 +337,54 @@ func atoi(s string) int {
 	var n int
 	_, _ = fmt.Sscan(s, &n)
 	return n
+}
+
+// A stream has no dead-letter queue: a dead-lettered stream message is
+// retried by a repair replay of its id once the handler is fixed, and the
+// repair marks its dead-letter row, as a redrive marks a queue's.
+func TestRepairOfADeadLetteredStreamMessageMarksItsRow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.publish(msgs(0, 3)...)
+	e.publish(streamio.Outgoing{MessageID: "m-reject", Body: body(event{Key: "k1", N: 7, Reject: true})})
+	live := e.consumer(nil, nil)
+	e.runLive(live, 3)
+	dead := `SELECT count(*) FROM ` + e.tables.Table("dead_letters") + ` WHERE consumer = 'test' AND message_id = 'm-reject'`
+	require.Equal(t, 1, e.count(dead+` AND redriven_at IS NULL`))
+
+	fixed := e.consumer(&handler{e: e, fixed: true}, nil)
+	s, err := Run(ctx, fixed, Options{Mode: idem.Repair, Select: Selection{IDs: []string{"m-reject"}},
+		Operator: "alice", Reason: "INC-9: rejected by a bug, fixed in v2"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.Processed)
+	require.Equal(t, 1, e.count(dead+` AND redriven_at IS NOT NULL AND redriven_by = $1`, "repair "+s.RunID+" by alice"))
+	require.Equal(t, 1, e.applied()["m-reject"])
+}
+
+// A record the stream client cannot decode is dead-lettered as
+// undecodable by a replay as by the live consumer, alone: the replay
+// lives and reaches its end, and every other record is applied once.
+func TestReplayDeadLettersARecordTheClientCannotDecodeAndGoesOn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.publish(msgs(0, 5)...)
+	testbroker.PublishRecords(t, streamio.URLFromEnv(), e.stream, testbroker.MapKeyedRecord, testbroker.GarbageRecord)
+	e.publish(msgs(5, 10)...)
+
+	s, err := Run(ctx, e.consumer(nil, nil), Options{Mode: idem.Forensic})
+	require.ErrorIs(t, err, ErrFindings)
+	require.EqualValues(t, 2, s.DeadLettered)
+	require.Zero(t, e.count(`SELECT count(*) FROM `+e.tables.Table("dead_letters")), "a forensic replay writes nothing")
+
+	s, err = Run(ctx, e.consumer(nil, nil), Options{Mode: idem.Normal})
+	require.NoError(t, err)
+	require.EqualValues(t, 11, s.Last)
+	require.EqualValues(t, 10, s.Processed)
+	require.EqualValues(t, 2, s.DeadLettered)
+	require.Equal(t, expectedTotals(0, 10), e.totals())
+	require.Equal(t, 2, e.count(`SELECT count(*) FROM `+e.tables.Table("dead_letters")+` WHERE reason = $1 AND message_id IN ($2, $3)`,
+		deadletters.ReasonUndecodable, "sha256:"+idem.HashBytes(testbroker.MapKeyedRecord).String(),
+		"sha256:"+idem.HashBytes(testbroker.GarbageRecord).String()))
 }

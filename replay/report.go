@@ -26,19 +26,22 @@ type ReportLine struct {
 	BusinessKey string `json:"business_key,omitempty"`
 	// PayloadHash is the payload hash, in hex.
 	PayloadHash string `json:"payload_hash"`
-	// Inbox is what the live consumer's inbox holds for the message id:
-	// "processed-same-hash", "not-processed", "conflict" (another payload
-	// under the id), "forgotten" (no row, but the message is at or below
-	// the inbox horizon: retention may have deleted the row of a message
-	// that was processed), or "invalid" (the message could not be looked
-	// up: no id, too large…).
+	// Inbox is what the live consumer's inbox holds for the message id, in
+	// the claim's decision names (inbox.Decision): "duplicate" (processed,
+	// with this payload), "new" (not processed), "conflict" (another
+	// payload under the id); or "forgotten" (no row, but the message is at
+	// or below the inbox horizon: retention may have deleted the row of a
+	// message that was processed), or "invalid" (the message could not be
+	// looked up: no id, too large…).
 	Inbox string `json:"inbox"`
 	// StoredHash is the hash the inbox holds, for "conflict".
 	StoredHash string `json:"stored_hash,omitempty"`
-	// Outcome is what the handler did: "ok", "error" (it failed; it would
-	// be retried) or "dead_letter" (it rejected the message for good).
+	// Outcome is what became of the message, in the outcome names
+	// (idem.Outcome): "processed" (the handler succeeded), "retried" (it
+	// failed and would be retried) or "dead_lettered" (the handler, or the
+	// runtime for bad input, rejected it for good).
 	Outcome string `json:"outcome"`
-	// Reason is the dead-letter reason, for "dead_letter".
+	// Reason is the dead-letter reason, for "dead_lettered".
 	Reason string `json:"reason,omitempty"`
 	// Error is the handler's error.
 	Error string `json:"error,omitempty"`
@@ -72,14 +75,15 @@ type ReportSummary struct {
 	LastOffset  int64 `json:"last_offset"`
 	// Messages counts the message lines.
 	Messages int64 `json:"messages"`
-	// NotProcessed, ProcessedSameHash, Conflicts and Forgotten count the
-	// inbox states.
-	NotProcessed      int64 `json:"not_processed"`
-	ProcessedSameHash int64 `json:"processed_same_hash"`
-	Conflicts         int64 `json:"conflicts"`
-	Forgotten         int64 `json:"forgotten"`
-	// HandlerErrors counts the "error" and "dead_letter" outcomes.
-	HandlerErrors int64 `json:"handler_errors"`
+	// InboxNew, InboxDuplicate, Conflicts and Forgotten count the inbox
+	// states.
+	InboxNew       int64 `json:"inbox_new"`
+	InboxDuplicate int64 `json:"inbox_duplicate"`
+	Conflicts      int64 `json:"conflicts"`
+	Forgotten      int64 `json:"forgotten"`
+	// Retried and DeadLettered count the outcomes other than processed.
+	Retried      int64 `json:"retried"`
+	DeadLettered int64 `json:"dead_lettered"`
 	// Effects counts the effects the handlers would record.
 	Effects int64 `json:"effects"`
 }
@@ -98,8 +102,14 @@ func newReporter(w io.Writer) *reporter {
 	return &reporter{enc: enc}
 }
 
-var inboxStates = map[inbox.Decision]string{inbox.NewMessage: "not-processed", inbox.Duplicate: "processed-same-hash",
-	inbox.Conflict: "conflict", 0: "invalid"}
+// inboxState names what the inbox holds for a message: its decision's
+// name, "invalid" when it made none.
+func inboxState(d inbox.Decision) string {
+	if d == 0 {
+		return "invalid"
+	}
+	return d.String()
+}
 
 // message reports one message; forgotten marks a message at or below the
 // inbox horizon.
@@ -110,7 +120,7 @@ func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.
 	m := it.Message
 	line := ReportLine{
 		Kind: "message", Offset: it.Offset, MessageID: m.ID, BusinessKey: m.BusinessKey,
-		PayloadHash: m.Hash.String(), Inbox: inboxStates[res.Inbox], Outcome: "ok", Effects: []ReportEffect{},
+		PayloadHash: m.Hash.String(), Inbox: inboxState(res.Inbox), Outcome: res.Outcome.String(), Effects: []ReportEffect{},
 	}
 	if res.Inbox == inbox.Conflict {
 		line.StoredHash = res.StoredHash.String()
@@ -120,9 +130,9 @@ func (p *reporter) message(it *engine.Item, res engine.Result, effects []ledger.
 	}
 	switch res.Outcome {
 	case idem.Retried:
-		line.Outcome, line.Error = "error", safetext.Error(res.Err)
+		line.Error = safetext.Error(res.Err)
 	case idem.DeadLettered:
-		line.Outcome, line.Reason, line.Error = "dead_letter", res.Reason, safetext.Error(res.Err)
+		line.Reason, line.Error = res.Reason, safetext.Error(res.Err)
 	}
 	for _, e := range effects {
 		line.Effects = append(line.Effects, ReportEffect{EffectID: e.ID, Type: e.Type, BusinessKey: e.BusinessKey,
@@ -140,8 +150,8 @@ func (p *reporter) summary(s Summary) error {
 	}
 	err := p.enc.Encode(ReportSummary{
 		Kind: "summary", EndOffset: s.End, FirstOffset: s.First, LastOffset: s.Last, Messages: s.Messages,
-		NotProcessed: s.NotProcessed, ProcessedSameHash: s.ProcessedSameHash, Conflicts: s.Conflicts, Forgotten: s.Forgotten,
-		HandlerErrors: s.HandlerErrors, Effects: s.Effects,
+		InboxNew: s.InboxNew, InboxDuplicate: s.InboxDuplicate, Conflicts: s.Conflicts, Forgotten: s.Forgotten,
+		Retried: s.Retried, DeadLettered: s.DeadLettered, Effects: s.Effects,
 	})
 	if err != nil {
 		return fmt.Errorf("replay: write report: %w", err)

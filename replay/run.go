@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/pglock"
@@ -52,12 +51,13 @@ type Summary struct {
 	Skipped int64
 	// Conflicts reused a processed message's id with another payload.
 	Conflicts int64
-	// HandlerErrors counts messages whose handler failed for good (after
-	// the in-place retries).
-	HandlerErrors int64
-	// NotProcessed and ProcessedSameHash are the forensic inbox states: the
-	// live consumer has not processed the message, or has, with this payload.
-	NotProcessed, ProcessedSameHash int64
+	// Retried counts the messages of a forensic replay whose handler failed
+	// and would be retried (other modes retry in place).
+	Retried int64
+	// InboxNew and InboxDuplicate are the forensic inbox states, in the
+	// claim's decision names: the live consumer has not processed the
+	// message (new), or has, with this payload (duplicate).
+	InboxNew, InboxDuplicate int64
 	// Forgotten counts the messages of a forensic replay that the inbox
 	// holds no row for, at or below its horizon: retention may have deleted
 	// the rows of processed messages there, so they are neither counted
@@ -89,9 +89,9 @@ type Summary struct {
 	Elapsed time.Duration
 }
 
-// Findings reports whether a forensic replay found conflicts or handler
-// errors.
-func (s Summary) Findings() bool { return s.Conflicts > 0 || s.HandlerErrors > 0 }
+// Findings reports whether a forensic replay found what an operator should
+// look at: conflicts, handlers that failed, or dead letters.
+func (s Summary) Findings() bool { return s.Conflicts > 0 || s.Retried > 0 || s.DeadLettered > 0 }
 
 // runner is the state of one Run call.
 type runner struct {
@@ -123,26 +123,33 @@ type runner struct {
 // errEnd stops a read that reached the run's fixed end.
 var errEnd = errors.New("replay: end reached")
 
-// Run replays opts.Stream (default: the stream s reads) through its
-// consumer's handler in opts.Mode, from opts.From to an end fixed when the run first
-// starts, and returns when the end is reached. See the package
+// Run replays opts.Stream (default: c's Config.Stream, the stream it reads
+// live) through c's handler in opts.Mode, from opts.From to an end fixed
+// when the run first starts, and returns when the end is reached. See the package
 // documentation for what each mode does. A run interrupted by an error or a
 // cancelled ctx resumes from its checkpoint when Run is called again with
 // the same RunID (printed in the logs and kept in Summary.RunID).
 //
-// A forensic replay that finds conflicts or handler errors returns its
+// A forensic replay that finds conflicts, failed handlers or dead letters returns its
 // Summary with an error wrapping ErrFindings.
-func Run(ctx context.Context, s *stream.Consumer, opts Options) (Summary, error) {
+func Run(ctx context.Context, c *consumer.Consumer, opts Options) (Summary, error) {
 	started := time.Now()
-	o, err := opts.withDefaults(s)
+	cfg := c.Config()
+	eng, ok := c.Runtime().(*engine.Engine)
+	switch {
+	case !ok:
+		return Summary{}, fmt.Errorf("replay: consumer %s has no runtime idem can drive (%T)", cfg.Name, c.Runtime())
+	case cfg.Stream == "":
+		return Summary{}, invalid("consumer %s reads no stream: a replay needs a consumer built with Config.Stream", cfg.Name)
+	}
+	o, err := opts.withDefaults(cfg)
 	if err != nil {
 		return Summary{}, err
 	}
-	cfg := s.Consumer().Config()
-	if o.Mode == idem.Rebuild && o.Stream != s.Stream() {
-		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", s.Stream(), o.Stream)
+	if o.Mode == idem.Rebuild && o.Stream != cfg.Stream {
+		return Summary{}, invalid("a rebuild hands off to the live consumer of %q, not %q", cfg.Stream, o.Stream)
 	}
-	env, err := streamio.Open(ctx, streamio.Config{URI: s.URL(), Logger: o.Logger})
+	env, err := streamio.Open(ctx, streamio.Config{URI: cfg.StreamURL, Logger: o.Logger})
 	if err != nil {
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
@@ -152,7 +159,7 @@ func Run(ctx context.Context, s *stream.Consumer, opts Options) (Summary, error)
 		return Summary{}, fmt.Errorf("replay: %w", err)
 	}
 	r := &runner{
-		eng: s.Engine(engine.ModuleKey()), ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
+		eng: eng, ib: ib, cfg: cfg, o: o, pool: cfg.Pool, tables: cfg.Tables, env: env,
 		log:  o.Logger.With("consumer", cfg.Name, "stream", o.Stream, "mode", string(o.Mode)),
 		sum:  Summary{Mode: o.Mode, Stream: o.Stream, First: -1, Last: -1, End: -1},
 		proj: o.Projection, tally: newTally(),
@@ -160,7 +167,8 @@ func Run(ctx context.Context, s *stream.Consumer, opts Options) (Summary, error)
 	err = r.run(ctx)
 	r.sum.Elapsed = time.Since(started)
 	if err == nil && o.Mode == idem.Forensic && r.sum.Findings() {
-		err = fmt.Errorf("%w: %d conflicts, %d handler errors", ErrFindings, r.sum.Conflicts, r.sum.HandlerErrors)
+		err = fmt.Errorf("%w: %d conflicts, %d failed, %d dead-lettered", ErrFindings,
+			r.sum.Conflicts, r.sum.Retried, r.sum.DeadLettered)
 	}
 	return r.sum, err
 }
@@ -251,8 +259,8 @@ func (r *runner) resolveEnd(ctx context.Context) (int64, error) {
 	if !ok {
 		return -1, nil
 	}
-	if r.o.To.Kind() == streamio.PositionOffset {
-		return min(tail, r.o.To.At()), nil
+	if r.o.To.kind() == streamio.PositionOffset {
+		return min(tail, r.o.To.at()), nil
 	}
 	return tail, nil
 }
@@ -305,12 +313,12 @@ func (r *runner) start(ctx context.Context) (Position, error) {
 		// starts after the live checkpoint would leave the messages in
 		// between processed by nobody.
 		switch {
-		case r.o.From.Kind() == streamio.PositionTime:
+		case r.o.From.kind() == streamio.PositionTime:
 			return Position{}, invalid("a rebuild starts from first or an offset, not a time: the live consumer's " +
 				"messages before the start must all be covered")
-		case r.o.From.Kind() == streamio.PositionOffset && r.o.From.At() > live+1:
+		case r.o.From.kind() == streamio.PositionOffset && r.o.From.at() > live+1:
 			return Position{}, invalid("the rebuild would start at offset %d, after the live consumer's checkpoint %d: "+
-				"(%d, %d) would be processed by nobody; start at %d or earlier", r.o.From.At(), live, live, r.o.From.At(), live+1)
+				"(%d, %d) would be processed by nobody; start at %d or earlier", r.o.From.at(), live, live, r.o.From.at(), live+1)
 		}
 		row.live = &live
 	}
@@ -356,7 +364,7 @@ func (r *runner) resume(ctx context.Context, row *run) (Position, error) {
 	r.o.Redispatch = row.redispatch
 	r.o.Operator, r.o.Reason = row.operator, row.reason
 	r.o.From, r.o.To = mustParse(row.from), mustParse(row.to)
-	if r.o.To.Kind() != streamio.PositionTime {
+	if r.o.To.kind() != streamio.PositionTime {
 		r.o.To = Offset(row.end)
 	}
 	last, ok, err := store.Checkpoint(ctx, r.pool, r.tables, runScope(r.cfg.Name, row.id), row.stream)
@@ -405,25 +413,25 @@ func (r *runner) liveCheckpoint(ctx context.Context) (int64, error) {
 }
 
 // readAll replays [from, end] with the progress display.
-func (r *runner) readAll(ctx context.Context, from Position, end int64) error {
+func (r *runner) readAll(ctx context.Context, from Position, end int64) (err error) {
 	r.end.Store(end)
 	if r.o.Progress != nil && end >= 0 {
 		prog := startProgress(r.o.Progress, r.o.ProgressInterval, string(r.o.Mode)+" "+r.o.Stream, from, r.tally)
-		defer prog.stop()
+		defer func() { prog.stop(err == nil) }()
 	}
 	return r.read(ctx, from, end)
 }
 
 // read replays [from, end] batch by batch.
 func (r *runner) read(ctx context.Context, from Position, end int64) error {
-	if end < 0 || from.Kind() == streamio.PositionOffset && from.At() > end {
+	if end < 0 || from.kind() == streamio.PositionOffset && from.at() > end {
 		return nil
 	}
 	to := Offset(end)
-	if r.o.To.Kind() == streamio.PositionTime {
+	if r.o.To.kind() == streamio.PositionTime {
 		to = r.o.To
 	}
-	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from, To: to, MaxBatch: r.o.BatchSize}
+	spec := streamio.ReadSpec{Stream: r.o.Stream, From: from.stream(), To: to.stream(), MaxBatch: r.o.BatchSize}
 	err := r.env.Read(ctx, spec, func(ctx context.Context, recs []streamio.Record) error {
 		n := len(recs)
 		for n > 0 && recs[n-1].Offset > end {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/internal/engine"
 	"github.com/idemkit/idem/internal/safetext"
 	"github.com/idemkit/idem/internal/store"
@@ -94,11 +95,19 @@ func (r *runner) finishRun(ctx context.Context, tx pgx.Tx, handoff *int64) error
 }
 
 // insertAuditSQL writes a repair batch's audit rows in one statement.
-const insertAuditSQL = `INSERT INTO %s
-	(run_id, consumer, stream, stream_offset, message_id, business_key, payload_hash, inbox, outcome, error, operator, reason)
-SELECT $1, $2, $3, t.stream_offset, t.message_id, NULLIF(t.business_key, ''), t.payload_hash, t.inbox, t.outcome, t.error, $4, $5
-FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[])
-	AS t(stream_offset, message_id, business_key, payload_hash, inbox, outcome, error)`
+// insertAuditSQL writes a batch's audit rows and adds them to the run's
+// counts, which its listing reads instead of the audit.
+const insertAuditSQL = `WITH audited AS (
+	INSERT INTO %[1]s
+		(run_id, consumer, stream, stream_offset, message_id, business_key, payload_hash, inbox, outcome, error, operator, reason)
+	SELECT $1, $2, $3, t.stream_offset, t.message_id, NULLIF(t.business_key, ''), t.payload_hash, t.inbox, t.outcome, t.error, $4, $5
+	FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::text[], $11::text[], $12::text[])
+		AS t(stream_offset, message_id, business_key, payload_hash, inbox, outcome, error)
+	RETURNING outcome
+)
+UPDATE %[2]s SET audited = audited + (SELECT count(*) FROM audited),
+	dead_lettered = dead_lettered + (SELECT count(*) FROM audited WHERE outcome = 'dead_lettered')
+WHERE run_id = $1`
 
 // audit writes an audit row for each settled, selected message of the batch.
 func (r *runner) audit(ctx context.Context, tx pgx.Tx, items []*engine.Item, res []engine.Result) error {
@@ -106,6 +115,7 @@ func (r *runner) audit(ctx context.Context, tx pgx.Tx, items []*engine.Item, res
 		offsets                                []int64
 		ids, keys, inboxes, results, errorsTxt []string
 		hashes                                 [][]byte
+		processed                              []string
 	)
 	for i, it := range items {
 		o := res[i]
@@ -125,15 +135,24 @@ func (r *runner) audit(ctx context.Context, tx pgx.Tx, items []*engine.Item, res
 		inboxes = append(inboxes, inbox)
 		results = append(results, o.Outcome.String())
 		errorsTxt = append(errorsTxt, safetext.Error(o.Err))
+		if o.Outcome == idem.Processed {
+			processed = append(processed, m.ID)
+		}
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf(insertAuditSQL, r.tables.Table("replay_audit")),
+	_, err := tx.Exec(ctx, fmt.Sprintf(insertAuditSQL, r.tables.Table("replay_audit"), r.tables.Table("replay_runs")),
 		r.row.id, r.cfg.Name, r.o.Stream, r.row.operator, r.row.reason,
 		offsets, ids, keys, hashes, inboxes, results, errorsTxt)
 	if err != nil {
 		return fmt.Errorf("replay: write %d audit rows: %w", len(ids), err)
+	}
+	// A stream's dead letters have no queue to redrive from: a repair that
+	// processes them again is their retry, and marks their rows.
+	by := fmt.Sprintf("repair %s by %s", r.row.id, r.row.operator)
+	if _, err := deadletters.MarkRetried(ctx, tx, r.tables, r.cfg.Name, processed, by); err != nil {
+		return fmt.Errorf("replay: %w", err)
 	}
 	return nil
 }

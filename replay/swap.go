@@ -136,7 +136,7 @@ func (r *runner) catchUpPaused(ctx context.Context, tx pgx.Tx, upTo int64, limit
 	}
 	var ids []string
 	r.seen = func(recs []streamio.Record) {
-		for _, it := range r.eng.PrepareAll(streamio.Messages(r.o.Stream, recs, time.Now())) {
+		for _, it := range r.items(recs) {
 			ids = append(ids, it.ID)
 		}
 	}

@@ -22,7 +22,8 @@ func TestParsePositionReadsWhatStringWrites(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, got.String(), again.String())
 	}
-	for _, in := range []string{"", "-1", "last", "12abc", "2025-01-31"} {
+	for _, in := range []string{"", "-1", "last", "12abc", "2025-01-31",
+		"9999-12-31T23:30:00-01:00", "0000-01-01T00:30:00+01:00"} { // no UTC spelling that reads back
 		_, err := ParsePosition(in)
 		require.ErrorIs(t, err, ErrInvalidPosition, in)
 	}
@@ -35,7 +36,7 @@ func TestProgressLineShowsRateAndETA(t *testing.T) {
 	require.Equal(t, "replay rebuild s: 50%, 50 messages, offset 149 of 199, 5 msg/s, eta 0:10", p.line(at))
 	p.tty = true
 	require.Equal(t, "rebuild s [===============>              ]  50% 50 msgs  5 msg/s  ETA 0:10", p.line(at))
-	require.Contains(t, p.line(snapshot{n: 100, from: 100, last: 199, end: 199, elapsed: 20 * time.Second, final: true}),
+	require.Contains(t, p.line(snapshot{n: 100, from: 100, last: 199, end: 199, elapsed: 20 * time.Second, final: "done"}),
 		"[==============================] 100%")
 	require.Contains(t, p.line(snapshot{from: -1, last: -1, end: -1, elapsed: time.Second}), "?%")
 	require.Equal(t, "1:01:01", formatDuration(3661*time.Second))
@@ -50,7 +51,7 @@ func TestOnlineRebuildProgressShowsItsLagBehindTheLiveConsumerAndTheSwap(t *test
 	at.phase = phaseSwapping
 	require.Contains(t, p.line(at), "swapping (live worker paused), 90%")
 	at = snapshot{n: 1000, from: 0, last: 999, end: 999, elapsed: 10 * time.Second, phase: phaseSwapped,
-		pause: 42 * time.Millisecond, final: true}
+		pause: 42 * time.Millisecond, final: "done"}
 	require.Equal(t, "replay rebuild s: swapped at offset 999 (live worker paused 42ms), 100%, 1000 messages, offset 999 of 999, "+
 		"100 msg/s, eta done", p.line(at))
 	resumed := snapshot{from: 500, last: -1, end: 999, elapsed: time.Second, phase: phaseBuilding}
@@ -66,8 +67,26 @@ func TestProgressWritesLinesWhenNotATerminal(t *testing.T) {
 	tl.settled.Store(10)
 	tl.first.Store(0)
 	tl.last.Store(9)
-	p.stop()
+	p.stop(true)
 	lines := strings.Split(strings.TrimSpace(w.String()), "\n")
 	require.Equal(t, "replay normal s: 100%, 10 messages, offset 9 of 9", lines[len(lines)-1][:len("replay normal s: 100%, 10 messages, offset 9 of 9")])
 	require.NotContains(t, w.String(), "\r", "no bar outside a terminal")
+	require.True(t, strings.HasSuffix(lines[len(lines)-1], "eta done"), lines[len(lines)-1])
+}
+
+func TestProgressSaysAtOnceThatAReplayStartedAndWhenOneStoppedBeforeItsEnd(t *testing.T) {
+	t.Parallel()
+	tl := newTally()
+	tl.end.Store(99)
+	w := &lockedWriter{}
+	p := startProgress(w, time.Hour, "rebuild s", First(), tl)
+	require.Eventually(t, func() bool { return strings.Contains(w.String(), "replay rebuild s:") }, 5*time.Second, time.Millisecond,
+		"a first line before the first interval")
+	tl.settled.Store(40)
+	tl.first.Store(0)
+	tl.last.Store(39)
+	p.stop(false) // a Ctrl-C at offset 39 of 99
+	lines := strings.Split(strings.TrimSpace(w.String()), "\n")
+	require.Len(t, lines, 2)
+	require.True(t, strings.HasSuffix(lines[1], "eta stopped"), lines[1])
 }

@@ -13,28 +13,46 @@
 // them:
 //
 //   - inbox: rows received before the cutoff (now() - Config.OlderThan);
-//   - ledger and ledger_audit: effects settled before the cutoff (succeeded,
-//     suppressed, and failed_terminal once an operator resolved them so)
-//     with their audit rows. Pending, in-flight, retryable, unknown and
-//     unresolved failed_terminal effects are never deleted;
+//   - ledger and ledger_audit: effects settled before the ledger's own
+//     cutoff (now() - Config.LedgerOlderThan, by default the longer of
+//     OlderThan and 180 days): succeeded, suppressed, and failed_terminal
+//     once an operator resolved them so, with their audit rows. Pending,
+//     in-flight, retryable, unknown and unresolved failed_terminal effects
+//     are never deleted. Each deleted effect leaves a tombstone;
+//   - ledger_tombstones: kept, unless Config.TombstonesOlderThan is set;
 //   - dead_letters: rows dead-lettered before the cutoff;
 //   - replay_runs, replay_audit and checkpoints: replay runs finished (or
 //     abandoned) before the cutoff, their audit rows and their progress
 //     checkpoints;
 //   - attempts: the failure counts of messages last retried before the
 //     cutoff;
-//   - http_keys: HTTP idempotency keys past their own expiry; an unknown
-//     outcome stays until an operator resolves it.
+//   - http_keys: HTTP idempotency keys past their own expiry and
+//     tombstone; an unknown outcome stays until an operator resolves it.
 //
-// It returns a Count per table. The command line runs the same call:
+// It returns a Count per table: what it deleted, and the table's cutoff.
+// The command line runs the same call:
 //
-//	idem cleanup --older-than 720h [--schema S] [--prefix P]
+//	idem cleanup --older-than 720h [--ledger-older-than 4320h] [--tombstones-older-than D] [--schema S] [--prefix P]
+//
+// # The ledger's horizon
+//
+// Money movements outlive the messages that caused them: a settled effect
+// keeps its row (request, response, audit trail) for Config.LedgerOlderThan,
+// 180 days by default, longer than a typical inbox retention. When it goes,
+// ledger.DeleteSettled leaves a tombstone in the same statement (the effect
+// id, its idempotency key, how and when it settled, when it was deleted),
+// and ledger.Record writes an effect recorded again under that id as
+// suppressed: a repair, a rebuild or a redrive after retention never sends
+// it twice. Tombstones are kept for good unless Config.TombstonesOlderThan
+// says otherwise; set it only past the longest time anything can record an
+// effect again.
 //
 // # The floor
 //
 // A deleted inbox row turns the next delivery of its message into a new
 // message, and the handler runs again. So Clean refuses, with ErrBelowFloor
-// and before deleting anything, an OlderThan shorter than Config.Floor: the
+// and before deleting anything, an OlderThan (or LedgerOlderThan, or a set
+// TombstonesOlderThan) shorter than Config.Floor: the
 // horizon within which a message may still come back (an ack lost with a
 // connection, a producer retrying after an outage, a normal replay into the
 // live consumer's inbox). The default, DefaultFloor, is seven days. Raise it
@@ -58,4 +76,11 @@
 // any number of workers one cleans at a time; each round is bounded by
 // Config.RoundTimeout, and a failed round is logged and retried at the next
 // one.
+//
+// Two gauges say whether it keeps up: idem.retention.interval is
+// Config.Interval, and idem.retention.last_success.timestamp the time the
+// last cleanup went through (Run sets it to its start until its first
+// round does). The alert IdemRetentionStalled of
+// docs/prometheus/idem-alerts.yml fires when, among the processes that run
+// it, none went through for twice the interval.
 package retention

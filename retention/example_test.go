@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -34,18 +34,19 @@ func ExampleClean() {
 		log.Fatal(err)
 	}
 	for _, c := range res.Counts {
-		fmt.Printf("%-12s %d\n", c.Table, c.Deleted)
+		fmt.Printf("%-17s %d\n", c.Table, c.Deleted)
 	}
 	// Output:
-	// inbox        0
-	// ledger       0
-	// ledger_audit 0
-	// dead_letters 0
-	// replay_runs  0
-	// replay_audit 0
-	// checkpoints  0
-	// attempts     0
-	// http_keys    0
+	// inbox             0
+	// ledger            0
+	// ledger_audit      0
+	// ledger_tombstones 0
+	// dead_letters      0
+	// replay_runs       0
+	// replay_audit      0
+	// checkpoints       0
+	// attempts          0
+	// http_keys         0
 }
 
 // A cleanup below the floor is refused before anything is deleted.

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/retention"
 )
 
@@ -144,13 +144,15 @@ func TestCleanDeletesOnlySettledRowsOlderThanTheCutoffFromEveryTable(t *testing.
 	f.httpKey("expired", true)
 	f.httpKey("live", false)
 
-	res, err := retention.Clean(t.Context(), retention.Config{Pool: f.pool, Tables: f.tables, OlderThan: 30 * day, ChunkSize: 2})
+	cfg := retention.Config{Pool: f.pool, Tables: f.tables, OlderThan: 30 * day, LedgerOlderThan: 30 * day, ChunkSize: 2}
+	res, err := retention.Clean(t.Context(), cfg)
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(-30*day), res.Cutoff, time.Minute)
 	want := []retention.Count{
 		{Table: "inbox", Deleted: 5},
 		{Table: "ledger", Deleted: 3},
 		{Table: "ledger_audit", Deleted: 2},
+		{Table: "ledger_tombstones", Deleted: 0},
 		{Table: "dead_letters", Deleted: 2},
 		{Table: "replay_runs", Deleted: 1},
 		{Table: "replay_audit", Deleted: 2},
@@ -158,8 +160,9 @@ func TestCleanDeletesOnlySettledRowsOlderThanTheCutoffFromEveryTable(t *testing.
 		{Table: "attempts", Deleted: 1},
 		{Table: "http_keys", Deleted: 1},
 	}
-	require.Equal(t, want, res.Counts)
+	require.Equal(t, want, deletedOnly(res.Counts))
 	require.Equal(t, int64(18), res.Total())
+	require.Equal(t, 3, f.count("ledger_tombstones", ""), "each deleted effect left its tombstone")
 	require.Equal(t, 1, f.count("attempts", ""), "the young attempts row stays")
 
 	require.Equal(t, 1, f.count("inbox", ""))
@@ -183,10 +186,19 @@ func TestCleanDeletesOnlySettledRowsOlderThanTheCutoffFromEveryTable(t *testing.
 	require.Equal(t, 2, f.count("checkpoints", ""))
 	require.Equal(t, 1, f.count("http_keys", ""))
 
-	res, err = retention.Clean(t.Context(), retention.Config{Pool: f.pool, Tables: f.tables, OlderThan: 30 * day})
+	res, err = retention.Clean(t.Context(), cfg)
 	require.NoError(t, err)
 	require.Zero(t, res.Total(), "a second run finds nothing")
 	require.Len(t, res.Counts, len(want), "every table is reported, even with nothing to delete")
+}
+
+// deletedOnly returns counts without their cutoffs.
+func deletedOnly(counts []retention.Count) []retention.Count {
+	out := make([]retention.Count, len(counts))
+	for i, c := range counts {
+		out[i] = retention.Count{Table: c.Table, Deleted: c.Deleted}
+	}
+	return out
 }
 
 func TestCleanRefusesToCutBelowTheReplayHorizonFloor(t *testing.T) {
@@ -199,6 +211,8 @@ func TestCleanRefusesToCutBelowTheReplayHorizonFloor(t *testing.T) {
 		{OlderThan: 2 * day},                              // below the default floor
 		{OlderThan: retention.DefaultFloor - time.Second}, // just below
 		{OlderThan: 2 * day, Floor: 60 * day},             // below a raised floor
+		{OlderThan: 30 * day, LedgerOlderThan: 2 * day},   // the ledger's own, below the floor
+		{OlderThan: 30 * day, TombstonesOlderThan: day},   // the tombstones', below the floor
 	} {
 		cfg.Pool, cfg.Tables = f.pool, f.tables
 		res, err := retention.Clean(t.Context(), cfg)

@@ -3,6 +3,7 @@ package retention
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -23,11 +24,23 @@ import (
 // round is bounded by cfg.RoundTimeout; a failed round is logged and the
 // next one runs as scheduled. Run returns an error at once, without
 // cleaning, when cfg is invalid (ErrInvalidConfig, ErrBelowFloor).
+//
+// When it starts, Run sets the gauge idem.retention.interval to
+// cfg.Interval and idem.retention.last_success.timestamp to the time it
+// started (nothing has failed yet); each round that goes through sets the
+// latter again. An alert on a last success older than twice the interval
+// (docs/prometheus/idem-alerts.yml) finds a retention that stopped.
 func Run(ctx context.Context, cfg Config) error {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	m, err := newMetrics(cfg.MeterProvider)
+	if err != nil {
+		return fmt.Errorf("retention: metrics: %w", err)
+	}
+	m.interval.Record(ctx, cfg.Interval.Seconds())
+	m.succeeded(time.Now())
 	log := cfg.Logger.With(slog.String("schema", cfg.Tables.Schema))
 	wait := retry.Jitter(cfg.Jitter) // a worker restarted often still cleans
 	for {

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/internal/pglock"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 func TestScheduledRoundsCleanOneProcessAtATime(t *testing.T) {

@@ -12,6 +12,9 @@
 #   status                every process and role; exits 1 unless all is up
 #   down                  stop and remove everything it created
 #   kill NODE             kill -9 a RabbitMQ node (idem2, idem2@localhost or 2)
+#   freeze NODE           kill -STOP a RabbitMQ node: a gray failure (the kernel
+#                         still accepts its TCP connections, nothing answers)
+#   thaw NODE             kill -CONT a frozen node (up thaws every node too)
 #   start NODE            start a node again and wait until it runs
 #   stop NODE             stop a node cleanly
 #   ctl NODE ARGS...      rabbitmqctl -n NODE ARGS, with the cluster's environment
@@ -31,6 +34,10 @@
 #   IDEM_CLUSTER_DIST_PORT   Erlang distribution port of idem1, default 25681;
 #                            CLI tools take DIST+10020 to DIST+10050
 #   IDEM_CLUSTER_EPMD_PORT   the cluster's own epmd, default 4370
+#   IDEM_CLUSTER_PARTITION_HANDLING
+#                            RabbitMQ's cluster_partition_handling: autoheal
+#                            (the default), pause_minority or ignore; read
+#                            when a node starts (docs/operations.md, Partitions)
 #   IDEM_CLUSTER_PG_PORT     PostgreSQL node pg1, default 5442 (pg2 +1)
 #   IDEM_CLUSTER_PG_SYNC     1 or 0: as `up --sync` or `up --async`; without
 #                            either, a new pair is asynchronous and an existing
@@ -43,6 +50,7 @@ AMQP_PORT=${IDEM_CLUSTER_AMQP_PORT:-5681}
 STREAM_PORT=${IDEM_CLUSTER_STREAM_PORT:-5561}
 DIST_PORT=${IDEM_CLUSTER_DIST_PORT:-25681}
 EPMD_PORT=${IDEM_CLUSTER_EPMD_PORT:-4370}
+PARTITION_HANDLING=${IDEM_CLUSTER_PARTITION_HANDLING:-autoheal}
 PG_PORT=${IDEM_CLUSTER_PG_PORT:-5442}
 WAIT_SECONDS=${IDEM_CLUSTER_WAIT:-120}
 NODES=3
@@ -56,6 +64,10 @@ case $DIR in
 *) die "IDEM_CLUSTER_DIR must be an absolute path below / (is '$DIR')" ;;
 esac
 case $DIR in *[[:space:]]*) die "IDEM_CLUSTER_DIR must not contain spaces" ;; esac
+case $PARTITION_HANDLING in
+autoheal | pause_minority | ignore) ;;
+*) die "IDEM_CLUSTER_PARTITION_HANDLING must be autoheal, pause_minority or ignore (is '$PARTITION_HANDLING')" ;;
+esac
 MARKER=$DIR/.idem-cluster # only a dir holding it is ever removed
 
 # Whatever RabbitMQ settings the caller has are not the cluster's.
@@ -172,6 +184,8 @@ rabbit_files() {
 			stream.advertised_port = $((STREAM_PORT + i - 1))
 			log.console = false
 			log.file.level = info
+			cluster_partition_handling = $PARTITION_HANDLING
+			net_ticktime = 10
 		CONF
 		# A blank node joins the first one as it boots (no CLI round trips);
 		# a node that has data rejoins the cluster it knows.
@@ -230,6 +244,10 @@ running_nodes() { # as node I sees them: idem1@localhost,idem2@localhost,...
 	ctl "$1" -q eval 'lists:sort(rabbit_nodes:all_running()).' | tr -d '[] \n'
 }
 
+partitions() { # the nodes node I has a partition on record with, comma separated
+	ctl "$1" -q eval 'lists:sort(rabbit_node_monitor:partitions()).' | tr -d '[] \n'
+}
+
 # rabbit_join I joins node I to the first node with rabbitmqctl, for a node
 # that booted on its own (its data was from another cluster).
 rabbit_join() {
@@ -243,6 +261,7 @@ rabbit_up() {
 	rabbit_files
 	epmd_up
 	local i all seen
+	for i in $(seq $NODES); do rabbit_thaw "$i"; done
 	rabbit_start 1
 	rabbit_wait 1
 	for i in $(seq 2 $NODES); do rabbit_start "$i"; done
@@ -266,6 +285,28 @@ rabbit_kill() {
 	rabbit_exited "$i" "$pid"
 }
 
+# rabbit_freeze I stops node I's process (SIGSTOP) without closing anything:
+# its sockets stay open and its listener's backlog takes new connections, so
+# a client sees a node that has gone silent, as behind a frozen VM or a
+# blackholed host. A freeze longer than the net tick (10 s) leaves a
+# partition when the node thaws, which autoheal ends by restarting the
+# nodes of the side that lost (status reports partitions meanwhile).
+rabbit_freeze() {
+	local i=$1 pid
+	pid=$(node_pid "$i") || die "$(node_name "$i") is not running"
+	log "kill -STOP $(node_name "$i") (pid $pid)"
+	kill -STOP "$pid"
+}
+
+rabbit_thaw() {
+	local i=$1 pid
+	pid=$(node_pid "$i") || return 0
+	if [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = T ]; then
+		log "kill -CONT $(node_name "$i") (pid $pid)"
+		kill -CONT "$pid"
+	fi
+}
+
 rabbit_stop() {
 	local i=$1 pid
 	pid=$(node_pid "$i") || { log "$(node_name "$i") is not running"; return; }
@@ -285,11 +326,16 @@ rabbit_exited() {
 }
 
 rabbit_status() {
-	local i ok=0 seen=
+	local i ok=0 seen= p
 	for i in $(seq $NODES); do
 		if node_answers "$i"; then
 			echo "rabbitmq $(node_name "$i") running: amqp $((AMQP_PORT + i - 1)), stream $((STREAM_PORT + i - 1)), pid $(node_pid "$i")"
 			[ -n "$seen" ] || seen=$(running_nodes "$i" 2>/dev/null || true)
+			p=$(partitions "$i" 2>/dev/null || true)
+			if [ -n "$p" ]; then
+				echo "rabbitmq $(node_name "$i") partitioned from: $p"
+				ok=1
+			fi
 		else
 			echo "rabbitmq $(node_name "$i") down"
 			ok=1
@@ -468,6 +514,9 @@ pg_repair() {
 	"standby primary") p=2 ;;
 	"primary down" | "down primary")
 		[ "${r[0]}" = primary ] && p=1 || p=2
+		# "down" may be a node that does not answer yet still runs (a
+		# thawed, frozen primary): it is stopped before it is replaced.
+		pg_stop_now "$(other "$p")"
 		pg_init_standby "$(other "$p")"
 		;;
 	"standby down" | "down standby")
@@ -671,7 +720,7 @@ up) up "$@" ;;
 down) down ;;
 env) print_env ;;
 status) status ;;
-kill | start | stop)
+kill | start | stop | freeze | thaw)
 	[ $# = 1 ] || die "$verb takes a node name"
 	require_up
 	prepare
@@ -681,6 +730,8 @@ kill | start | stop)
 	kill) rabbit_kill "$i" ;;
 	start) epmd_up && rabbit_start "$i" && rabbit_wait "$i" ;;
 	stop) rabbit_stop "$i" ;;
+	freeze) rabbit_freeze "$i" ;;
+	thaw) rabbit_thaw "$i" ;;
 	esac
 	;;
 ctl | queues)

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Makes PostgreSQL and RabbitMQ (with the stream and consistent-hash exchange
-# plugins) available for idem's
-# demo and tests. Safe to run again and again: what already answers is left
-# alone. On a Debian machine, as root, it installs and starts what is missing
+# plugins) available for idem's demo and tests. Safe to run again and again:
+# what already answers is left alone. On a Debian machine, as root, it installs and starts what is missing
 # without systemd; anywhere else it exits non-zero with the commands to run.
 #
 #   IDEM_PG_URL    default postgres://root@127.0.0.1:5432/test?sslmode=disable
 #   IDEM_AMQP_URL  default amqp://guest:guest@127.0.0.1:5672/
 #   IDEM_STREAM_PORT default 5552
+#
+# With --chromium it also makes a headless browser available for the
+# console's browser test (make console-test): Debian's chromium, installed
+# when /usr/bin/chromium is missing (IDEM_CHROMIUM names another binary).
+# With --promtool it also installs Prometheus's promtool for the alert
+# rules' tests (make alerts-test), from Debian's prometheus package.
 set -euo pipefail
 
 PG_URL=${IDEM_PG_URL:-postgres://root@127.0.0.1:5432/test?sslmode=disable}
@@ -160,5 +165,58 @@ ensure_rabbitmq() {
 	log "RabbitMQ ready at $AMQP_HOST:$AMQP_PORT, streams at $STREAM_PORT"
 }
 
+manual_chromium() {
+	cat >&2 <<MSG
+services: no chromium at $CHROMIUM and this script cannot install it here (it needs root on
+          Debian). Run, as root on Debian:
+    apt-get update && apt-get install -y chromium
+  or point IDEM_CHROMIUM at a Chromium or Chrome binary you have.
+MSG
+	exit 1
+}
+
+CHROMIUM=${IDEM_CHROMIUM:-/usr/bin/chromium}
+
+ensure_chromium() {
+	if [ -x "$CHROMIUM" ]; then log "chromium at $CHROMIUM"; return; fi
+	[ "$CHROMIUM" = /usr/bin/chromium ] && can_install || manual_chromium
+	apt_install chromium
+	[ -x "$CHROMIUM" ] || manual_chromium
+	log "chromium installed at $CHROMIUM"
+}
+
+# ensure_promtool installs promtool, which tests the alert rules
+# (make alerts-test), from Debian's prometheus package when it is missing.
+# The package's init script would start a Prometheus server: a policy-rc.d
+# forbids starting services while it installs, and goes afterwards. Without
+# root on Debian it says what to run and goes on (make alerts-test then
+# fails, naming it). Only make alerts-test asks for it (--promtool).
+ensure_promtool() {
+	command -v promtool >/dev/null && return 0
+	if ! can_install; then
+		log "promtool is missing (make alerts-test needs it): apt-get install prometheus, or put promtool on PATH"
+		return 0
+	fi
+	local policy=/usr/sbin/policy-rc.d
+	if [ -e "$policy" ]; then
+		apt_install prometheus
+	else
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+		apt_install prometheus
+		rm -f "$policy"
+		trap - EXIT
+	fi
+	log "promtool $(promtool --version 2>&1 | head -n 1 | awk '{print $3}') installed"
+}
+
 ensure_postgres
 ensure_rabbitmq
+# What only one suite needs is installed when that suite asks for it.
+for want in "$@"; do
+	case $want in
+	--chromium) ensure_chromium ;;
+	--promtool) ensure_promtool ;;
+	*) log "unknown option $want (known: --chromium, --promtool)"; exit 2 ;;
+	esac
+done

@@ -35,6 +35,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/migrate"
 )
 
@@ -230,7 +231,7 @@ func deleteQueues(o options, q string) {
 	}
 	defer conn.Close()
 	if ch, err := conn.Channel(); err == nil {
-		for _, name := range []string{q, q + ".retry", q + ".dlq"} {
+		for _, name := range amqpnames.Queues(q, 0) {
 			_, _ = ch.QueueDelete(name, false, false, false)
 		}
 	}

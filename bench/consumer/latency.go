@@ -163,10 +163,58 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 	}
 	defer naive.close()
 
+	l, err := b.startLatencyIdem(ctx, pool, clock)
+	if err != nil {
+		return res, err
+	}
+	defer l.close()
+	before := l.c.Stats().Batches
+	samples := newLatencySamples(total)
+	for p := range rounds {
+		from, to := p*total/rounds, (p+1)*total/rounds
+		if err := l.round(ctx, &res, samples, alone, naive, from, to); err != nil {
+			return res, err
+		}
+	}
+	res.sent, res.batches = total, l.c.Stats().Batches-before
+	res.broker, res.naive, res.commit = percentilesOf(samples.broker), percentilesOf(samples.naive), percentilesOf(samples.commit)
+	res.received, res.own = percentilesOf(samples.received), percentilesOf(samples.own)
+	return res, nil
+}
+
+// latencySamples are the latency run's measures, one per message.
+type latencySamples struct {
+	broker, naive, commit, received, own []time.Duration
+}
+
+func newLatencySamples(total int) *latencySamples {
+	return &latencySamples{
+		broker: make([]time.Duration, 0, total), naive: make([]time.Duration, 0, total),
+		commit: make([]time.Duration, 0, total), received: make([]time.Duration, 0, total),
+		own: make([]time.Duration, 0, total),
+	}
+}
+
+// latencyIdem is the idem consumer of the latency run, running, with the
+// confirming channel that feeds its queue.
+type latencyIdem struct {
+	b       *bench
+	q       string
+	c       *consumer.Consumer
+	r       *running
+	ch      *amqp.Channel
+	clock   *commitClock
+	pending []*amqp.DeferredConfirmation
+}
+
+// startLatencyIdem declares the idem consumer's queue, starts the consumer
+// with a handler that notes each message's times on clock, and runs the
+// warm-up messages through it.
+func (b *bench) startLatencyIdem(ctx context.Context, pool *pgxpool.Pool, clock *commitClock) (*latencyIdem, error) {
 	q := b.queue("latency")
 	c, _, err := b.newIdem(q, "bench-latency", true, false, pool)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	update := b.updateSQL
 	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -174,101 +222,100 @@ func (b *bench) latency(ctx context.Context) (latencyResult, error) {
 		return err
 	})
 	if err := c.Declare(ctx); err != nil {
-		return res, err
+		return nil, err
 	}
 	ch, err := b.pub.Channel()
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer ch.Close()
 	if err := ch.Confirm(false); err != nil {
-		return res, err
+		_ = ch.Close()
+		return nil, err
 	}
-
-	r := start(ctx, c)
-	defer r.close()
-
-	var pending []*amqp.DeferredConfirmation
-	// send publishes message i; warm-up messages have negative i and are not
-	// measured (their sequence number is -1).
-	send := func(i int, at time.Time) error {
-		account, seq := i%b.o.accounts+1, int64(i)
-		if i < 0 {
-			account, seq = -i%b.o.accounts+1, -1
-		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q, true, false, amqp.Publishing{
-			MessageId: fmt.Sprintf("%s-latency-%d", b.runID, i), DeliveryMode: amqp.Persistent,
-			Body: encode(account, seq, at)})
-		if err != nil {
-			return fmt.Errorf("publish: %w", err)
-		}
-		pending = append(pending, dc)
-		return nil
-	}
+	l := &latencyIdem{b: b, q: q, c: c, r: start(ctx, c), ch: ch, clock: clock}
 	for i := range warmup {
-		if err := send(-1-i, time.Now()); err != nil {
-			return res, err
+		if err := l.send(ctx, -1-i, time.Now()); err != nil {
+			l.close()
+			return nil, err
 		}
 	}
-	if err := r.wait(ctx, warmup, time.Minute); err != nil {
-		return res, fmt.Errorf("warm-up: %w", err)
+	if err := l.r.wait(ctx, warmup, time.Minute); err != nil {
+		l.close()
+		return nil, fmt.Errorf("warm-up: %w", err)
 	}
+	return l, nil
+}
 
-	before := c.Stats().Batches
-	broker := make([]time.Duration, 0, total)
-	naiveCommit := make([]time.Duration, 0, total)
-	commit := make([]time.Duration, 0, total)
-	received := make([]time.Duration, 0, total)
-	own := make([]time.Duration, 0, total)
-	for p := range rounds {
-		from, to := p*total/rounds, (p+1)*total/rounds
-		delivered, err := alone.segment(ctx, from, to)
-		if err != nil {
-			return res, fmt.Errorf("broker baseline: %w", err)
-		}
-		broker = append(broker, delivered...)
-		committed, err := naive.segment(ctx, from, to)
-		if err != nil {
-			return res, fmt.Errorf("naive baseline: %w", err)
-		}
-		naiveCommit = append(naiveCommit, committed...)
+func (l *latencyIdem) close() {
+	l.r.close()
+	_ = l.ch.Close()
+}
 
-		start := time.Now()
-		err = b.offer(ctx, to-from, func(i int) error {
-			now := time.Now()
-			clock.sent[from+i] = now.Sub(clock.base)
-			return send(from+i, now)
-		})
-		if err != nil {
-			return res, err
-		}
-		res.duration += time.Since(start)
-		if err := waitConfirms(ctx, pending); err != nil {
-			return res, err
-		}
-		pending = pending[:0]
-		if err := r.wait(ctx, warmup+to, time.Minute); err != nil {
-			return res, err
-		}
-		segment := make([]time.Duration, 0, to-from)
-		for i := from; i < to; i++ {
-			got, done := clock.receivedAt[i].Load(), clock.commitAt[i].Load()
-			if got == 0 || done == 0 {
-				return res, fmt.Errorf("message %d committed without a recorded receive or commit time", i)
-			}
-			received = append(received, time.Duration(got)-clock.sent[i])
-			segment = append(segment, time.Duration(done)-clock.sent[i])
-			own = append(own, time.Duration(done-got))
-		}
-		commit = append(commit, segment...)
-		aloneP99 := float64(percentilesOf(delivered).p99)
-		res.ratios = append(res.ratios, float64(percentilesOf(segment).p99)/aloneP99)
-		res.naiveRatios = append(res.naiveRatios, float64(percentilesOf(committed).p99)/aloneP99)
+// send publishes message i; warm-up messages have negative i and are not
+// measured (their sequence number is -1).
+func (l *latencyIdem) send(ctx context.Context, i int, at time.Time) error {
+	account, seq := i%l.b.o.accounts+1, int64(i)
+	if i < 0 {
+		account, seq = -i%l.b.o.accounts+1, -1
 	}
-	res.sent, res.batches = total, c.Stats().Batches-before
-	res.broker, res.naive, res.commit = percentilesOf(broker), percentilesOf(naiveCommit), percentilesOf(commit)
-	res.received, res.own = percentilesOf(received), percentilesOf(own)
-	return res, nil
+	dc, err := l.ch.PublishWithDeferredConfirmWithContext(ctx, "", l.q, true, false, amqp.Publishing{
+		MessageId: fmt.Sprintf("%s-latency-%d", l.b.runID, i), DeliveryMode: amqp.Persistent,
+		Body: encode(account, seq, at)})
+	if err != nil {
+		return fmt.Errorf("publish: %w", err)
+	}
+	l.pending = append(l.pending, dc)
+	return nil
+}
+
+// round runs messages [from, to) through the broker alone, the naive
+// consumer and idem, in that order, and adds their measures to samples and
+// the round's p99 ratios to res.
+func (l *latencyIdem) round(ctx context.Context, res *latencyResult, samples *latencySamples,
+	alone, naive *baseline, from, to int) error {
+	delivered, err := alone.segment(ctx, from, to)
+	if err != nil {
+		return fmt.Errorf("broker baseline: %w", err)
+	}
+	samples.broker = append(samples.broker, delivered...)
+	committed, err := naive.segment(ctx, from, to)
+	if err != nil {
+		return fmt.Errorf("naive baseline: %w", err)
+	}
+	samples.naive = append(samples.naive, committed...)
+
+	start := time.Now()
+	err = l.b.offer(ctx, to-from, func(i int) error {
+		now := time.Now()
+		l.clock.sent[from+i] = now.Sub(l.clock.base)
+		return l.send(ctx, from+i, now)
+	})
+	if err != nil {
+		return err
+	}
+	res.duration += time.Since(start)
+	if err := waitConfirms(ctx, l.pending); err != nil {
+		return err
+	}
+	l.pending = l.pending[:0]
+	if err := l.r.wait(ctx, warmup+to, time.Minute); err != nil {
+		return err
+	}
+	segment := make([]time.Duration, 0, to-from)
+	for i := from; i < to; i++ {
+		got, done := l.clock.receivedAt[i].Load(), l.clock.commitAt[i].Load()
+		if got == 0 || done == 0 {
+			return fmt.Errorf("message %d committed without a recorded receive or commit time", i)
+		}
+		samples.received = append(samples.received, time.Duration(got)-l.clock.sent[i])
+		segment = append(segment, time.Duration(done)-l.clock.sent[i])
+		samples.own = append(samples.own, time.Duration(done-got))
+	}
+	samples.commit = append(samples.commit, segment...)
+	aloneP99 := float64(percentilesOf(delivered).p99)
+	res.ratios = append(res.ratios, float64(percentilesOf(segment).p99)/aloneP99)
+	res.naiveRatios = append(res.naiveRatios, float64(percentilesOf(committed).p99)/aloneP99)
+	return nil
 }
 
 // baseline is one of the latency run's baselines: a consumer of a fresh

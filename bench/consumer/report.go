@@ -133,6 +133,8 @@ func ratioSummary(xs []float64) string {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
+// markdown is the report as BENCHMARKS.md shows it: the machine, the
+// throughput modes, their medians, the targets, latency and memory.
 func (r *report) markdown() string {
 	var w strings.Builder
 	m := r.machine
@@ -141,64 +143,83 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&w, "Machine: %d CPUs (%s), %s, PostgreSQL %s (%s), RabbitMQ %s; broker and database local. "+
 		"Load average %s at start, %s at end.\n\n", m.cpus, m.cpuModel, m.goVersion, m.postgres, m.pgSettings,
 		m.rabbitmq, m.loadStart, m.loadEnd)
+	r.writeModes(&w)
+	r.writeMedians(&w)
+	r.writeTargets(&w)
+	r.writeLatency(&w)
+	w.WriteString(method)
+	return w.String()
+}
 
-	if len(r.modes) > 0 {
-		fmt.Fprintf(&w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
-			r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
-		w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | steal | commits | msg/commit | avg commit ms | batch retries (deadlocks) | postponed |\n")
-		w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		for i := range r.modes {
-			x := &r.modes[i]
-			raw, naive := r.modeIn("raw", x.round), r.modeIn("naive", x.round)
-			commits, perCommit, commitMs, retries, postponed := "—", "—", "—", "—", "—"
-			switch {
-			case x.mode == "naive":
-				commits, perCommit = fmt.Sprint(x.n), "1.0"
-			case x.idem != nil:
-				s := x.idem
-				commits = fmt.Sprint(s.batches)
-				perCommit = fmt.Sprintf("%.1f", float64(x.n)/float64(max(s.batches, 1)))
-				commitMs = fmt.Sprintf("%.2f", 1000*s.commitSeconds/float64(max(s.commits, 1)))
-				retries = fmt.Sprintf("%d (%d)", s.retries, s.contention)
-				postponed = fmt.Sprint(s.postponed)
-			}
-			label := x.mode
-			if r.opts.repeat > 1 {
-				label += fmt.Sprintf(" #%d", x.round)
-			}
-			if x.capped {
-				label += fmt.Sprintf(" (capped: %d of %d done in %v)", x.n, r.opts.n, r.opts.cap)
-			}
-			u := x.cpu
-			perMsg := x.coreMicros()
-			fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s | %s |\n",
-				label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
-				u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
-				perMsg, 100*u.machine, 100*u.steal, commits, perCommit, commitMs, retries, postponed)
+// writeModes writes one row per mode and round.
+func (r *report) writeModes(w *strings.Builder) {
+	if len(r.modes) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%d messages of %d bytes per mode, prefetch %d, %d accounts, handler = one UPDATE.\n\n",
+		r.opts.n, bodySize, r.opts.prefetch, r.opts.accounts)
+	w.WriteString("| mode | msg/s | × naive | × raw | seconds | CPU s: bench / postgres / rabbitmq / other | core-µs per msg | machine busy | steal | commits | msg/commit | avg commit ms | batch retries (deadlocks) | postponed |\n")
+	w.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i := range r.modes {
+		x := &r.modes[i]
+		raw, naive := r.modeIn("raw", x.round), r.modeIn("naive", x.round)
+		commits, perCommit, commitMs, retries, postponed := "—", "—", "—", "—", "—"
+		switch {
+		case x.mode == "naive":
+			commits, perCommit = fmt.Sprint(x.n), "1.0"
+		case x.idem != nil:
+			s := x.idem
+			commits = fmt.Sprint(s.batches)
+			perCommit = fmt.Sprintf("%.1f", float64(x.n)/float64(max(s.batches, 1)))
+			commitMs = fmt.Sprintf("%.2f", 1000*s.commitSeconds/float64(max(s.commits, 1)))
+			retries = fmt.Sprintf("%d (%d)", s.retries, s.contention)
+			postponed = fmt.Sprint(s.postponed)
 		}
-		w.WriteString("\n")
+		label := x.mode
+		if r.opts.repeat > 1 {
+			label += fmt.Sprintf(" #%d", x.round)
+		}
+		if x.capped {
+			label += fmt.Sprintf(" (capped: %d of %d done in %v)", x.n, r.opts.n, r.opts.cap)
+		}
+		u := x.cpu
+		fmt.Fprintf(w, "| %s | %.0f | %s | %s | %.2f | %.2f / %.2f / %.2f / %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s | %s |\n",
+			label, x.rate(), ratio(x, naive), ratio(x, raw), x.elapsed.Seconds(),
+			u.self.Seconds(), u.postgres.Seconds(), u.rabbitmq.Seconds(), u.other.Seconds(),
+			x.coreMicros(), 100*u.machine, 100*u.steal, commits, perCommit, commitMs, retries, postponed)
+	}
+	w.WriteString("\n")
+}
+
+// writeMedians writes each mode's median over the rounds.
+func (r *report) writeMedians(w *strings.Builder) {
+	if r.opts.repeat <= 1 || len(r.modes) == 0 {
+		return
 	}
 	rate := func(x modeResult) float64 { return x.rate() }
-	if r.opts.repeat > 1 && len(r.modes) > 0 {
-		fmt.Fprintf(&w, "Medians over the %d rounds (the ratios are ratios of medians):\n\n", r.opts.repeat)
-		w.WriteString("| mode | msg/s | × naive | × raw | core-µs per msg |\n|---|---:|---:|---:|---:|\n")
-		naive, hasNaive := r.medianOf("naive", rate)
-		raw, hasRaw := r.medianOf("raw", rate)
-		of := func(v, base float64, ok bool) string {
-			if !ok {
-				return "—"
-			}
-			return fmt.Sprintf("%.2f×", v/base)
+	fmt.Fprintf(w, "Medians over the %d rounds (the ratios are ratios of medians):\n\n", r.opts.repeat)
+	w.WriteString("| mode | msg/s | × naive | × raw | core-µs per msg |\n|---|---:|---:|---:|---:|\n")
+	naive, hasNaive := r.medianOf("naive", rate)
+	raw, hasRaw := r.medianOf("raw", rate)
+	of := func(v, base float64, ok bool) string {
+		if !ok {
+			return "—"
 		}
-		for _, name := range allModes {
-			if v, ok := r.medianOf(name, rate); ok {
-				core, _ := r.medianOf(name, modeResult.coreMicros)
-				fmt.Fprintf(&w, "| %s | %.0f | %s | %s | %.0f |\n", name, v, of(v, naive, hasNaive), of(v, raw, hasRaw), core)
-			}
-		}
-		w.WriteString("\n")
+		return fmt.Sprintf("%.2f×", v/base)
 	}
+	for _, name := range allModes {
+		if v, ok := r.medianOf(name, rate); ok {
+			core, _ := r.medianOf(name, modeResult.coreMicros)
+			fmt.Fprintf(w, "| %s | %.0f | %s | %s | %.0f |\n", name, v, of(v, naive, hasNaive), of(v, raw, hasRaw), core)
+		}
+	}
+	w.WriteString("\n")
+}
 
+// writeTargets writes the table of targets: throughput against the
+// baselines, the latency factor, memory.
+func (r *report) writeTargets(w *strings.Builder) {
+	rate := func(x modeResult) float64 { return x.rate() }
 	w.WriteString("| target | measured | met |\n|---|---|---|\n")
 	for _, t := range modeTargets {
 		for _, base := range []struct {
@@ -206,7 +227,7 @@ func (r *report) markdown() string {
 			want float64
 		}{{"naive", t.vsNaive}, {"raw", t.vsRaw}} {
 			if base.want > 0 {
-				r.writeTarget(&w, t.mode, base.name, base.want, rate)
+				r.writeTarget(w, t.mode, base.name, base.want, rate)
 			}
 		}
 	}
@@ -219,33 +240,38 @@ func (r *report) markdown() string {
 		if l.offered != targetP99AtRate {
 			met += fmt.Sprintf(" (measured at %d msg/s, the target is at %d)", l.offered, targetP99AtRate)
 		}
-		fmt.Fprintf(&w, "| p99 publish → commit at %d msg/s ≤ %.1f × the broker alone's p99, segment by segment (median) | idem %s; the naive consumer %s. Whole run: idem %s ms (its own part, received → commit, %s ms), naive %s ms, broker alone %s ms | %s |\n",
+		fmt.Fprintf(w, "| p99 publish → commit at %d msg/s ≤ %.1f × the broker alone's p99, segment by segment (median) | idem %s; the naive consumer %s. Whole run: idem %s ms (its own part, received → commit, %s ms), naive %s ms, broker alone %s ms | %s |\n",
 			targetP99AtRate, targetP99Factor, idem, naive, ms(l.commit.p99), ms(l.own.p99), ms(l.naive.p99), ms(l.broker.p99), met)
 	}
 	if mem := r.memory; mem != nil {
-		fmt.Fprintf(&w, "| resident memory at prefetch %d reported | VmHWM %.1f MiB, VmRSS %.1f MiB | reported |\n",
+		fmt.Fprintf(w, "| resident memory at prefetch %d reported | VmHWM %.1f MiB, VmRSS %.1f MiB | reported |\n",
 			mem.Prefetch, float64(mem.HWMkB)/1024, float64(mem.RSSkB)/1024)
 	}
 	w.WriteString("\n")
+}
 
+// writeLatency writes the latency percentiles and the memory figures.
+func (r *report) writeLatency(w *strings.Builder) {
 	if l := r.latency; l != nil {
-		fmt.Fprintf(&w, "Latency (idem with OrderingKey = account): %d messages offered at %d msg/s over %.1f s in %d segments, each after one as long for the broker alone and one for the naive consumer; %d commits (%.2f msg/commit).\n\n",
+		fmt.Fprintf(w, "Latency (idem with OrderingKey = account): %d messages offered at %d msg/s over %.1f s in %d segments, each after one as long for the broker alone and one for the naive consumer; %d commits (%.2f msg/commit).\n\n",
 			l.sent, l.offered, l.duration.Seconds(), len(l.ratios), l.batches, float64(l.sent)/float64(max(l.batches, 1)))
 		w.WriteString("| ms | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|\n")
-		fmt.Fprintf(&w, "| baseline: broker alone, publish → delivery | %s | %s | %s | %s |\n", ms(l.broker.p50), ms(l.broker.p90), ms(l.broker.p99), ms(l.broker.max))
-		fmt.Fprintf(&w, "| baseline: naive consumer, publish → commit returned | %s | %s | %s | %s |\n", ms(l.naive.p50), ms(l.naive.p90), ms(l.naive.p99), ms(l.naive.max))
-		fmt.Fprintf(&w, "| publish → received by the runtime | %s | %s | %s | %s |\n", ms(l.received.p50), ms(l.received.p90), ms(l.received.p99), ms(l.received.max))
-		fmt.Fprintf(&w, "| received → commit returned (idem's own part) | %s | %s | %s | %s |\n", ms(l.own.p50), ms(l.own.p90), ms(l.own.p99), ms(l.own.max))
-		fmt.Fprintf(&w, "| publish → commit returned | %s | %s | %s | %s |\n\n", ms(l.commit.p50), ms(l.commit.p90), ms(l.commit.p99), ms(l.commit.max))
+		row := func(name string, p percentiles) {
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", name, ms(p.p50), ms(p.p90), ms(p.p99), ms(p.max))
+		}
+		row("baseline: broker alone, publish → delivery", l.broker)
+		row("baseline: naive consumer, publish → commit returned", l.naive)
+		row("publish → received by the runtime", l.received)
+		row("received → commit returned (idem's own part)", l.own)
+		row("publish → commit returned", l.commit)
+		w.WriteString("\n")
 	}
 	if mem := r.memory; mem != nil {
-		fmt.Fprintf(&w, "Memory (idem with OrderingKey = account, in a child process that only consumes): %d messages at prefetch %d "+
+		fmt.Fprintf(w, "Memory (idem with OrderingKey = account, in a child process that only consumes): %d messages at prefetch %d "+
 			"(%.0f msg/s): VmHWM %d kB, VmRSS %d kB after the run; Go runtime Sys %.1f MiB, HeapSys %.1f MiB.\n\n",
 			mem.N, mem.Prefetch, float64(mem.N)/mem.Seconds, mem.HWMkB, mem.RSSkB,
 			float64(mem.GoSys)/(1<<20), float64(mem.HeapSys)/(1<<20))
 	}
-	w.WriteString(method)
-	return w.String()
 }
 
 const method = `Method. Each throughput mode gets a fresh quorum queue, pre-filled with

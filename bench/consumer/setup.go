@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/migrate"
 )
@@ -141,7 +142,7 @@ func (b *bench) cleanup() {
 		conn, err := dial(b.o.amqpURL, "bench-cleanup")
 		if err == nil {
 			for _, q := range b.queues {
-				for _, name := range []string{q, q + ".dlq", q + ".retry"} {
+				for _, name := range amqpnames.Queues(q, 0) {
 					ch, err := conn.Channel()
 					if err != nil {
 						break

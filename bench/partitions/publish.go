@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/partitions"
 )
 
@@ -138,11 +139,7 @@ func (t *topology) remove() {
 		return
 	}
 	defer conn.Close()
-	names := []string{t.queue + ".dlq"}
-	for _, q := range t.queues() {
-		names = append(names, q, q+".retry")
-	}
-	for _, q := range names {
+	for _, q := range amqpnames.Queues(t.queue, t.parts) {
 		if ch, err := conn.Channel(); err == nil {
 			_, _ = ch.QueueDelete(q, false, false, false)
 			_ = ch.Close()

@@ -1,67 +1,95 @@
-// Command path measures which library files one new queue message runs on
-// its success path: the broker's delivery, the handler, the commit, the ack
-// and the count in Stats. It is the number to watch when the engine is split
-// by stage of the flow (STYLE.md): a reader follows one message through these
-// files, and every station is a room they enter.
+// Command path measures how a reader follows one new message through the
+// library: for one queue message and one stream record on their success
+// path (delivery or read, handler, commit, ack or checkpoint, the count in
+// Stats), which files the message's code enters, in which order, and how
+// many times each. It fails when a file of the runtime is entered more
+// than -max-entries times (2), when the path runs through more than
+// -max-files files of the runtime (10), or when the numbered paths in
+// internal/engine's package doc (-doc) do not list the files it entered,
+// in order. make path runs it and writes its report to -golden
+// (bench/path/testdata/path.txt), which a unit test compares with the doc
+// without the services.
 //
-// It must run as a binary built with coverage of the whole module:
+// # Entries, and how they are counted
 //
-//	go build -cover -covermode=atomic -coverpkg=github.com/idemkit/idem/... -o /tmp/path ./bench/path
-//	/tmp/path [-rounds 3] [-warmups 2] [-grace 30ms] [-quiet 300ms] [-timeout 30s] [-out DIR] [-max-stations N]
+// A file is entered when a function of another file calls a function of
+// this one: the reader jumps there in an editor. A return is not an entry
+// (the reader goes back to where they were). Where the message crosses to
+// another goroutine, the reader follows it: a goroutine the path starts
+// continues from the function that started it (a go statement in the same
+// file enters nothing); a goroutine that was waiting for the message (the
+// router's and the workers' loops, the stream reader's) is entered at the
+// file of its waiting function, unless the reader is already there; a
+// goroutine of a dependency (the stream client's) that calls into the
+// library enters the file it calls.
 //
-// or `make path`, which does both. It runs from the module root, whose
-// sources name the functions of the blocks it reports.
+// Coverage counters would give the set of code the message ran, not the
+// order nor the number of entries, so the command records calls. It writes
+// a copy of every library file (not tests, bench/, examples/, cmd/ or the
+// test kit) in which each function and function literal begins with a call
+// of the recorder (package pathtrace: the file, the function, the
+// goroutine, and the nearest caller of the module on its stack), builds
+// itself from those copies with go build -overlay (the tree is left as it
+// is), and runs that build with -measure. There, on a fresh schema and a
+// fresh quorum queue, then a fresh stream, it starts a consumer whose
+// handler makes one insert with tx.Exec, lets -warmups messages through,
+// then for each of -rounds rounds records the calls from publishing one
+// new persistent message until Stats count it as processed, plus -grace.
+// Each message round is followed by a control round as long, polling Stats
+// the same way, with no message. The message's calls are those, identified
+// by caller and callee, recorded in every message round and in no control
+// round: what the background (heartbeats, health probes, the lag sampler)
+// and the polling itself run cancels out.
 //
-// On a fresh schema and a fresh quorum queue it starts a consumer
-// (consumer.New, a handler that makes one insert with tx.Exec), lets
-// -warmups messages through, then for each of -rounds rounds clears the
-// coverage counters (runtime/coverage.ClearCounters), publishes one new
-// persistent message, polls Stats until the message is counted as processed
-// (which happens after its ack), waits -grace and writes the counters
-// (runtime/coverage.WriteCountersDir). Each round is followed by a control
-// round as long, polling Stats the same way, with no message. The message's
-// path is the set of coverage blocks hit in every message round and in no
-// control round: what the background (heartbeats, health probes) and the
-// polling itself run cancels out.
+// The report lists each path's entries in order, numbered, with the
+// function entered and where from, then the count of entries per file.
+// Files of the runtime packages (stationPackages: the sources, the engine,
+// the inbox, the stream's reading and its checkpoint) are counted against
+// the limits; the others on the path (the root package's value types, leaf
+// utilities such as internal/sqltext) are listed as helpers, not counted.
 //
-// It prints every library file on that path (not tests, bench/, examples/
-// or cmd/) with the functions it ran there, and counts the stations: the
-// files of the runtime packages consumer (with its queue source),
-// internal/engine and inbox. The others (the root package's value types,
-// leaf utilities such as internal/sqltext and internal/amqpconn) are listed
-// as helpers and not counted.
-//
-// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ are. The
-// schema and the queues are dropped at the end, also after a failure.
+// Run it from the module root: go run ./bench/path, or make path.
+// IDEM_PG_URL and IDEM_AMQP_URL say where PostgreSQL and RabbitMQ (with
+// streams on port 5552) are. The schemas, queues and streams it creates are
+// removed at the end, also after a failure.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
-	"runtime/coverage"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/idemkit/idem/bench/path/pathtrace"
 )
 
-// buildHint says how the binary must be built, for the errors of a binary
-// built otherwise.
-const buildHint = "build with go build -cover -covermode=atomic -coverpkg=github.com/idemkit/idem/..., as make path does"
+// buildHint says how the measuring binary is built, for the errors of a
+// binary built otherwise.
+const buildHint = "run go run ./bench/path from the module root, which builds it instrumented"
 
 // options are the command-line flags.
 type options struct {
 	pgURL, amqpURL string
 	rounds         int           // message rounds, each with its control round
 	warmups        int           // messages processed before the first round
-	grace          time.Duration // wait after the message settled, before writing the counters
+	grace          time.Duration // wait after the message settled, before the recording stops
 	quiet          time.Duration // pause before each round, for the previous one's tail to end
 	timeout        time.Duration // longest wait for one message to settle
-	out            string        // where the counter snapshots go; empty: a temporary directory, removed
-	goCmd          string        // the go command, for go tool covdata
-	maxStations    int           // fail above this many stations; 0: no limit
+	goCmd          string        // the go command that builds the instrumented binary
+	doc            string        // the file whose package doc walks the paths; empty: no check
+	golden         string        // write the report there too; empty: stdout only
+	keep           string        // keep the instrumented build and its recording there
+	maxEntries     int           // fail when a file of the runtime is entered more often
+	maxFiles       int           // fail when a path runs through more files of the runtime
+	measure        string        // set in the instrumented build: record, and write the recording there
 }
 
 func main() {
@@ -74,41 +102,96 @@ func main() {
 	}
 }
 
-// run measures the path and prints it.
+// run builds the instrumented binary, has it record the paths, and
+// reports and checks them; in the instrumented binary (-measure), it
+// records.
 func run(ctx context.Context, args []string) error {
 	o, err := parse(args)
 	if err != nil {
 		return err
 	}
-	// Fails at once in a binary built without atomic coverage.
-	if err := coverage.ClearCounters(); err != nil {
-		return fmt.Errorf("coverage counters: %w (%s)", err, buildHint)
+	root, err := os.Getwd()
+	if err != nil {
+		return err
 	}
-	out := o.out
-	if out == "" {
-		if out, err = os.MkdirTemp("", "bench-path-"); err != nil {
-			return fmt.Errorf("counter directory: %w", err)
+	if o.measure != "" {
+		return record(ctx, o, root)
+	}
+	dir := o.keep
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "bench-path-"); err != nil {
+			return err
 		}
-		defer os.RemoveAll(out)
+		defer os.RemoveAll(dir)
 	}
-	r, err := setup(ctx, o)
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return fmt.Errorf("run from the module root: %w", err)
+	}
+	logf("building an instrumented copy of the library")
+	bin, err := buildTraced(ctx, o.goCmd, root, dir)
 	if err != nil {
 		return err
 	}
-	defer r.cleanup()
-	snaps, err := r.measure(ctx, out)
+	rec, err := measureWith(ctx, bin, root, dir, o)
 	if err != nil {
 		return err
 	}
-	p, err := trace(ctx, o.goCmd, snaps)
+	return report(rec, o, root)
+}
+
+// measureWith runs the instrumented binary bin and reads its recording.
+func measureWith(ctx context.Context, bin, root, dir string, o options) (*traceFile, error) {
+	out := filepath.Join(dir, "trace.json")
+	cmd := exec.CommandContext(ctx, bin, "-measure", out, "-rounds", strconv.Itoa(o.rounds),
+		"-warmups", strconv.Itoa(o.warmups), "-grace", o.grace.String(), "-quiet", o.quiet.String(),
+		"-timeout", o.timeout.String())
+	cmd.Dir, cmd.Stdout, cmd.Stderr = root, os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("the instrumented run: %w", err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return nil, err
+	}
+	var rec traceFile
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("read the recording: %w", err)
+	}
+	return &rec, nil
+}
+
+// traceFile is what the instrumented binary recorded, per source.
+type traceFile struct {
+	Queue  recording `json:"queue"`
+	Stream recording `json:"stream"`
+}
+
+// record runs, in the instrumented binary, the rounds of each source and
+// writes what they recorded to o.measure.
+func record(ctx context.Context, o options, root string) error {
+	pathtrace.SetRoot(root)
+	var rec traceFile
+	for _, source := range []string{sourceQueue, sourceStream} {
+		r, err := setup(ctx, o, source)
+		if err != nil {
+			return err
+		}
+		got, err := r.measure(ctx)
+		r.cleanup()
+		if err != nil {
+			return err
+		}
+		if source == sourceQueue {
+			rec.Queue = got
+		} else {
+			rec.Stream = got
+		}
+	}
+	data, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	p.print(os.Stdout)
-	if n := p.stations(); o.maxStations > 0 && n > o.maxStations {
-		return fmt.Errorf("the path runs %d stations, more than -max-stations %d: see the engine's package doc", n, o.maxStations)
-	}
-	return nil
+	return os.WriteFile(o.measure, data, 0o644)
 }
 
 // parse reads the flags and the environment.
@@ -120,12 +203,16 @@ func parse(args []string) (options, error) {
 	fs := flag.NewFlagSet("bench/path", flag.ContinueOnError)
 	fs.IntVar(&o.rounds, "rounds", 3, "message rounds, each followed by a control round without a message")
 	fs.IntVar(&o.warmups, "warmups", 2, "messages processed before the first round")
-	fs.DurationVar(&o.grace, "grace", 30*time.Millisecond, "wait after the message is counted, before writing the counters")
+	fs.DurationVar(&o.grace, "grace", 30*time.Millisecond, "wait after the message is counted, before the recording stops")
 	fs.DurationVar(&o.quiet, "quiet", 300*time.Millisecond, "pause before each round")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "longest wait for a message to be counted")
-	fs.StringVar(&o.out, "out", "", "keep the counter snapshots in this directory (default: a temporary one, removed)")
-	fs.StringVar(&o.goCmd, "go", "go", "the go command that runs go tool covdata")
-	fs.IntVar(&o.maxStations, "max-stations", 0, "fail when the path runs more stations than this (0: no limit)")
+	fs.StringVar(&o.goCmd, "go", "go", "the go command that builds the instrumented binary")
+	fs.StringVar(&o.doc, "doc", "internal/engine/doc.go", "the file whose package doc numbers the paths (empty: no check)")
+	fs.StringVar(&o.golden, "golden", "", "write the report to this file too")
+	fs.StringVar(&o.keep, "keep", "", "keep the instrumented build and its recording in this directory")
+	fs.IntVar(&o.maxEntries, "max-entries", 2, "fail when a file of the runtime is entered more often than this (0: no limit)")
+	fs.IntVar(&o.maxFiles, "max-files", 10, "fail when a path runs through more files of the runtime than this (0: no limit)")
+	fs.StringVar(&o.measure, "measure", "", "record, and write the recording to this file (the instrumented build only)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -141,4 +228,9 @@ func env(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// logf reports progress on stderr; the report goes to stdout.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench/path: "+format+"\n", args...)
 }

@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"runtime/coverage"
 	"time"
 
+	"github.com/idemkit/idem/bench/path/pathtrace"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/retry"
 )
@@ -15,89 +13,95 @@ import (
 // pollEvery is how often a round reads Stats.
 const pollEvery = time.Millisecond
 
-// snapshots are the counter directories of the rounds, one per round.
-type snapshots struct {
-	messages []string // one new message each
-	controls []string // as long as the message round before, no message
+// recording is what the rounds of one source recorded: the calls of each
+// message round (one new message each) and of each control round (as long
+// as the message round before it, no message).
+type recording struct {
+	Messages [][]pathtrace.Event `json:"messages"`
+	Controls [][]pathtrace.Event `json:"controls"`
 }
 
 // measure lets the warm-up messages through, then runs the message rounds,
-// each followed by its control round, and returns their counter snapshots,
-// written under dir.
-func (r *rig) measure(ctx context.Context, dir string) (snapshots, error) {
-	var s snapshots
+// each followed by its control round, and returns what they recorded.
+func (r *rig) measure(ctx context.Context) (recording, error) {
+	var rec recording
 	for i := range r.o.warmups {
 		if err := r.publish(ctx, fmt.Sprintf("bench-path-%s-warmup-%d", r.runID, i)); err != nil {
-			return s, err
+			return rec, err
 		}
 		if err := r.awaitProcessed(ctx, int64(i+1)); err != nil {
-			return s, fmt.Errorf("warm-up %d: %w", i, err)
+			return rec, fmt.Errorf("warm-up %d: %w", i, err)
 		}
 	}
 	for round := 1; round <= r.o.rounds; round++ {
-		msg, took, err := r.messageRound(ctx, dir, round)
+		msg, took, err := r.messageRound(ctx, round)
 		if err != nil {
-			return s, fmt.Errorf("round %d: %w", round, err)
+			return rec, fmt.Errorf("%s round %d: %w", r.source, round, err)
 		}
-		ctl, err := r.controlRound(ctx, dir, round, took)
+		ctl, err := r.controlRound(ctx, took)
 		if err != nil {
-			return s, fmt.Errorf("control round %d: %w", round, err)
+			return rec, fmt.Errorf("%s control round %d: %w", r.source, round, err)
 		}
-		s.messages, s.controls = append(s.messages, msg), append(s.controls, ctl)
-		logf("round %d: the message was counted %s after publishing", round, took.Round(time.Microsecond))
+		rec.Messages, rec.Controls = append(rec.Messages, msg), append(rec.Controls, ctl)
+		logf("%s round %d: the message was counted %s after publishing (%d calls recorded, %d in its control round)",
+			r.source, round, took.Round(time.Microsecond), len(msg), len(ctl))
 	}
-	return s, nil
+	return rec, nil
 }
 
-// messageRound clears the counters, publishes one new message, waits until
-// Stats count it as processed (after its ack), waits the grace period and
-// writes the counters. It returns their directory and how long the message
-// took from publishing to being counted.
-func (r *rig) messageRound(ctx context.Context, dir string, round int) (string, time.Duration, error) {
+// messageRound starts a recording, publishes one new message, waits until
+// Stats count it as processed (after its ack or its checkpoint), waits the
+// grace period and stops the recording. It returns the calls and how long
+// the message took from publishing to being counted.
+func (r *rig) messageRound(ctx context.Context, round int) ([]pathtrace.Event, time.Duration, error) {
 	if err := sleep(ctx, r.o.quiet); err != nil {
-		return "", 0, err
+		return nil, 0, err
 	}
 	want := int64(r.o.warmups + round)
-	if err := coverage.ClearCounters(); err != nil {
-		return "", 0, fmt.Errorf("clear coverage counters: %w", err)
-	}
+	pathtrace.Start()
 	start := time.Now()
-	if err := r.publish(ctx, fmt.Sprintf("bench-path-%s-msg-%d", r.runID, round)); err != nil {
-		return "", 0, err
-	}
-	if err := r.awaitProcessed(ctx, want); err != nil {
-		return "", 0, err
+	err := r.publish(ctx, fmt.Sprintf("bench-path-%s-msg-%d", r.runID, round))
+	if err == nil {
+		err = r.awaitProcessed(ctx, want)
 	}
 	took := time.Since(start)
-	if err := sleep(ctx, r.o.grace); err != nil {
-		return "", 0, err
+	if err == nil {
+		err = sleep(ctx, r.o.grace)
 	}
-	snap, err := writeCounters(dir, fmt.Sprintf("msg-%d", round))
-	if err != nil {
-		return "", 0, err
+	events, dropped := pathtrace.Stop()
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case dropped > 0:
+		return nil, 0, fmt.Errorf("the recording dropped %d calls beyond its bound", dropped)
+	case len(events) == 0:
+		return nil, 0, fmt.Errorf("no call recorded: not an instrumented build (%s)", buildHint)
 	}
 	if st := r.c.Stats(); st.Processed != want || st.Duplicates+st.DeadLettered+st.Retried+st.Unresolved != 0 {
-		return "", 0, fmt.Errorf("the message left the success path: %+v", st)
+		return nil, 0, fmt.Errorf("the message left the success path: %+v", st)
 	}
-	return snap, took, nil
+	return events, took, nil
 }
 
-// controlRound clears the counters, polls Stats for d as a message round
-// does, with no message, waits the grace period and writes the counters.
-func (r *rig) controlRound(ctx context.Context, dir string, round int, d time.Duration) (string, error) {
+// controlRound records for d, polling Stats as a message round does, with
+// no message, then waits the grace period.
+func (r *rig) controlRound(ctx context.Context, d time.Duration) ([]pathtrace.Event, error) {
 	if err := sleep(ctx, r.o.quiet); err != nil {
-		return "", err
+		return nil, err
 	}
-	if err := coverage.ClearCounters(); err != nil {
-		return "", fmt.Errorf("clear coverage counters: %w", err)
+	pathtrace.Start()
+	_, err := r.poll(ctx, d, nil)
+	if err == nil {
+		err = sleep(ctx, r.o.grace)
 	}
-	if _, err := r.poll(ctx, d, nil); err != nil {
-		return "", err
+	events, dropped := pathtrace.Stop()
+	switch {
+	case err != nil:
+		return nil, err
+	case dropped > 0:
+		return nil, fmt.Errorf("the recording dropped %d calls beyond its bound", dropped)
 	}
-	if err := sleep(ctx, r.o.grace); err != nil {
-		return "", err
-	}
-	return writeCounters(dir, fmt.Sprintf("ctl-%d", round))
+	return events, nil
 }
 
 // awaitProcessed polls Stats until n messages were processed, for at most
@@ -128,22 +132,6 @@ func (r *rig) poll(ctx context.Context, d time.Duration, cond func(consumer.Stat
 		}
 	}
 	return false, nil
-}
-
-// writeCounters writes the coverage counters, and the meta-data go tool
-// covdata needs beside them, to dir/name and returns that directory.
-func writeCounters(dir, name string) (string, error) {
-	snap := filepath.Join(dir, name)
-	if err := os.MkdirAll(snap, 0o755); err != nil {
-		return "", fmt.Errorf("counter directory: %w", err)
-	}
-	if err := coverage.WriteCountersDir(snap); err != nil {
-		return "", fmt.Errorf("write coverage counters to %s: %w", snap, err)
-	}
-	if err := coverage.WriteMetaDir(snap); err != nil {
-		return "", fmt.Errorf("write coverage meta-data to %s: %w", snap, err)
-	}
-	return snap, nil
 }
 
 // sleep waits for d or until ctx is done, and returns ctx's error then.

@@ -16,20 +16,29 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/migrate"
 )
 
 // shutdownTimeout bounds the consumer's shutdown at the end of the run.
 const shutdownTimeout = 10 * time.Second
 
-// rig is what the measurement runs on: a fresh schema, a fresh queue, a
-// running consumer and a publisher, and what cleanup removes.
+// The sources whose path bench/path measures.
+const (
+	sourceQueue  = "queue"
+	sourceStream = "stream"
+)
+
+// rig is what the measurement of one source runs on: a fresh schema, a
+// fresh quorum queue or stream, a running consumer and a publisher, and
+// what cleanup removes.
 type rig struct {
 	o       options
+	source  string // sourceQueue or sourceStream
 	runID   string
 	pool    *pgxpool.Pool
 	tables  idem.Tables
-	queue   string
+	queue   string // the queue or the stream
 	pub     *amqp.Connection
 	ch      *amqp.Channel // the publisher's channel, in confirm mode
 	c       *consumer.Consumer
@@ -37,16 +46,16 @@ type rig struct {
 }
 
 // setup creates the schema (idem's tables and the handler's effects table),
-// connects the publisher, and starts a consumer of a fresh quorum queue. On
-// an error it removes what it created.
-func setup(ctx context.Context, o options) (r *rig, err error) {
+// connects the publisher, and starts a consumer of a fresh quorum queue or
+// stream (source). On an error it removes what it created.
+func setup(ctx context.Context, o options, source string) (r *rig, err error) {
 	var id [4]byte
 	if _, err := rand.Read(id[:]); err != nil {
 		return nil, fmt.Errorf("run id: %w", err)
 	}
-	r = &rig{o: o, runID: hex.EncodeToString(id[:])}
+	r = &rig{o: o, source: source, runID: hex.EncodeToString(id[:])}
 	r.tables = idem.Tables{Schema: "bench_path_" + r.runID}.WithDefaults()
-	r.queue = "bench.path." + r.runID
+	r.queue = "bench.path." + source + "." + r.runID
 	defer func() {
 		if err != nil {
 			r.cleanup()
@@ -58,10 +67,15 @@ func setup(ctx context.Context, o options) (r *rig, err error) {
 	if err := r.connectPublisher(); err != nil {
 		return nil, err
 	}
-	if err := r.startConsumer(ctx); err != nil {
+	if source == sourceStream {
+		err = r.startStreamConsumer(ctx)
+	} else {
+		err = r.startConsumer(ctx)
+	}
+	if err != nil {
 		return nil, err
 	}
-	logf("run %s: schema %s, queue %s", r.runID, r.tables.Schema, r.queue)
+	logf("run %s: schema %s, %s %s", r.runID, r.tables.Schema, source, r.queue)
 	return r, nil
 }
 
@@ -110,35 +124,74 @@ func (r *rig) connectPublisher() error {
 	return nil
 }
 
-// startConsumer creates the consumer, declares its queues and starts Run.
-// The handler makes one insert, as a real handler writes.
-func (r *rig) startConsumer(ctx context.Context) error {
-	c, err := consumer.New(consumer.Config{
+// newConsumer creates the consumer, of the queue unless stream: its handler
+// makes one insert, as a real handler writes.
+func (r *rig) newConsumer(stream bool) (*consumer.Consumer, error) {
+	cfg := consumer.Config{
 		AMQPURL:         r.o.amqpURL,
 		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Name:            "bench-path",
 		Pool:            r.pool,
-		Queue:           r.queue,
 		ShutdownTimeout: shutdownTimeout,
 		Tables:          r.tables,
-	})
+	}
+	if stream {
+		// Declared by startStreamConsumer through AMQP 0-9-1 already.
+		cfg.Stream, cfg.Topology = r.queue, consumer.Existing
+	} else {
+		cfg.Queue = r.queue
+	}
+	c, err := consumer.New(cfg)
 	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return nil, fmt.Errorf("consumer: %w", err)
 	}
 	insert := `INSERT INTO ` + r.effects() + ` (message_id) VALUES ($1)`
 	c.Handle(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		_, err := tx.Exec(ctx, insert, m.ID)
 		return err
 	})
+	return c, nil
+}
+
+// startConsumer creates the queue's consumer, declares its queues and
+// starts Run.
+func (r *rig) startConsumer(ctx context.Context) error {
+	c, err := r.newConsumer(false)
+	if err != nil {
+		return err
+	}
 	declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.Declare(declareCtx); err != nil {
 		return fmt.Errorf("declare %s: %w", r.queue, err)
 	}
 	r.c = c
+	r.start(c.Run)
+	return nil
+}
+
+// startStreamConsumer declares the stream (through AMQP 0-9-1, which the
+// publisher uses too, so that no call of the module's stream client runs
+// on the measuring goroutine), creates its consumer and starts Run.
+func (r *rig) startStreamConsumer(ctx context.Context) error {
+	_, err := r.ch.QueueDeclare(r.queue, true, false, false, false, amqp.Table{"x-queue-type": "stream"})
+	if err != nil {
+		return fmt.Errorf("declare stream %s: %w", r.queue, err)
+	}
+	c, err := r.newConsumer(true)
+	if err != nil {
+		return err
+	}
+	r.c = c
+	r.start(c.Run)
+	return nil
+}
+
+// start runs the consumer's run on a goroutine of its own; stopRun stops it.
+func (r *rig) start(run func(context.Context) error) {
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
+	go func() { done <- run(runCtx) }()
 	r.stopRun = func() error {
 		stop()
 		select {
@@ -151,7 +204,6 @@ func (r *rig) startConsumer(ctx context.Context) error {
 			return fmt.Errorf("consumer run: not returned %s after its cancellation", shutdownTimeout+5*time.Second)
 		}
 	}
-	return nil
 }
 
 // publish sends one persistent message with id to the queue and waits for
@@ -196,12 +248,16 @@ func (r *rig) cleanup() {
 	}
 }
 
-// deleteQueues deletes the queue and the retry and dead-letter queues the
-// consumer declares for it, each on a channel of its own (a failed delete
-// closes its channel).
+// deleteQueues deletes the stream, or the queue and the retry and
+// dead-letter queues the consumer declares for it, each on a channel of its
+// own (a failed delete closes its channel).
 func (r *rig) deleteQueues() error {
 	var errs []error
-	for _, q := range []string{r.queue, r.queue + ".retry", r.queue + ".dlq"} {
+	queues := amqpnames.Queues(r.queue, 0)
+	if r.source == sourceStream {
+		queues = []string{r.queue}
+	}
+	for _, q := range queues {
 		ch, err := r.pub.Channel()
 		if err != nil {
 			return errors.Join(append(errs, fmt.Errorf("delete queue %s: %w", q, err))...)
@@ -223,9 +279,4 @@ func dial(url, name string) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("connect to rabbitmq: %w", err)
 	}
 	return conn, nil
-}
-
-// logf reports progress on stderr; the path itself goes to stdout.
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "bench/path: "+format+"\n", args...)
 }

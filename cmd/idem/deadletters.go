@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/amqpnodes"
@@ -12,16 +15,13 @@ import (
 	"github.com/idemkit/idem/internal/safetext"
 )
 
-func init() {
-	register(command{name: "deadletters", summary: "list dead letters, or move them back to their queue",
-		subcommands: []string{"list", "redrive"}, run: runDeadLetters})
-}
-
 const deadLettersUsage = `usage:
-  idem deadletters list [--consumer C] [--id ID] [--reason R] [--limit N] [--json]
+  idem deadletters list [--consumer C] [--id ID] [--reason R] [--limit N] [--before ID] [--json]
+  idem deadletters list --group-by reason|consumer,reason [--consumer C] [--limit N] [--count-cap N] [--json]
+      the dead letters not redriven, by group, largest first, with their count, oldest and newest
   idem deadletters redrive --queue Q [--reason R] [--id ID] [--consumer C] [--limit N] [--operator NAME]
                           [--allow-beyond-horizon] [--json]
-      moves matching messages from Q.dlq back to Q (broker: --amqp-url, else IDEM_AMQP_URL)`
+      moves matching messages from Q's dead-letter queue back to Q (broker: --amqp-url, else IDEM_AMQP_URL)`
 
 func runDeadLetters(ctx context.Context, e *env, args []string) error {
 	return group(e, deadLettersUsage, args, map[string]func([]string) error{
@@ -36,10 +36,26 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Consumer, "consumer", "", "only this consumer")
 	fs.StringVar(&f.MessageID, "id", "", "only this message id")
 	fs.StringVar(&f.Reason, "reason", "", "only this reason (payload_conflict, max_attempts, …)")
-	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N`")
+	intFlag(fs, &f.Limit, "limit", 50, 1, "newest `N` (groups: the first N groups)")
+	var before int
+	intFlag(fs, &before, "before", 0, 0, "the page of rows older than the row with this `ID` (printed under a full page)")
+	groupBy := fs.String("group-by", "", "group the dead letters not redriven: reason, or consumer,reason")
+	var countCap int
+	intFlag(fs, &countCap, "count-cap", deadletters.DefaultCountCap, 1, "with --group-by: count at most `N` per group (a group with more shows N+)")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
+	}
+	f.Before = int64(before)
+	if *groupBy != "" {
+		g := deadletters.GroupFilter{By: deadletters.GroupBy(*groupBy), Consumer: f.Consumer, CountCap: countCap, Limit: f.Limit}
+		if g.By != deadletters.ByReason && g.By != deadletters.ByConsumerReason {
+			return fmt.Errorf("%w: --group-by must be %s or %s", errUsage, deadletters.ByReason, deadletters.ByConsumerReason)
+		}
+		if f.MessageID != "" || f.Reason != "" || f.Before != 0 {
+			return fmt.Errorf("%w: --group-by takes --consumer, --limit and --count-cap only", errUsage)
+		}
+		return deadLetterGroups(ctx, e, g)
 	}
 	pool, err := e.pool(ctx)
 	if err != nil {
@@ -50,7 +66,7 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printRows(e, rows, newDeadLetterJSON,
+	err = printRows(e, rows, newDeadLetterJSON,
 		"ID\tAT\tCONSUMER\tMESSAGE ID\tREASON\tATTEMPTS\tSOURCE\tPAYLOAD HASH\tREDRIVEN\tERROR",
 		func(d deadletters.Record) []any {
 			redriven := "-"
@@ -63,18 +79,70 @@ func deadLettersList(ctx context.Context, e *env, args []string) error {
 			return []any{d.ID, d.At.UTC().Format(time.RFC3339), d.Consumer, d.MessageID, d.Reason, d.Attempts, d.Source,
 				d.PayloadHash.Short(), redriven, safetext.Abbreviate(d.Error, 80)}
 		})
+	if err == nil && len(rows) == f.Limit {
+		e.nextPage(fmt.Sprintf("--before %d", rows[len(rows)-1].ID))
+	}
+	return err
+}
+
+// deadLetterGroups prints the groups g selects, largest first.
+func deadLetterGroups(ctx context.Context, e *env, g deadletters.GroupFilter) error {
+	pool, err := e.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	groups, more, err := deadletters.Groups(ctx, pool, e.tables, g)
+	if err != nil {
+		return err
+	}
+	slices.SortStableFunc(groups, func(a, b deadletters.Group) int { return cmp.Compare(b.Count, a.Count) })
+	header := "REASON\tCOUNT\tOLDEST\tNEWEST"
+	if g.By == deadletters.ByConsumerReason || g.Consumer != "" {
+		header = "CONSUMER\t" + header
+	}
+	err = printRows(e, groups, newGroupJSON, header, func(gr deadletters.Group) []any {
+		count := fmt.Sprint(gr.Count)
+		if gr.Capped {
+			count += "+"
+		}
+		cells := []any{gr.Reason, count, gr.Oldest.UTC().Format(time.RFC3339), gr.Newest.UTC().Format(time.RFC3339)}
+		if strings.HasPrefix(header, "CONSUMER") {
+			cells = append([]any{gr.Consumer}, cells...)
+		}
+		return cells
+	})
+	if err == nil && more {
+		fmt.Fprintf(e.stderr, "more groups follow: raise --limit (%d)\n", g.Limit)
+	}
+	return err
+}
+
+// groupJSON is one element of `idem deadletters list --group-by … --json`.
+type groupJSON struct {
+	Consumer string `json:"consumer"`
+	Reason   string `json:"reason"`
+	Count    int64  `json:"count"`
+	// Capped says the group holds more than count dead letters.
+	Capped bool       `json:"capped"`
+	Oldest *time.Time `json:"oldest"`
+	Newest *time.Time `json:"newest"`
+}
+
+func newGroupJSON(g deadletters.Group) groupJSON {
+	return groupJSON{Consumer: g.Consumer, Reason: g.Reason, Count: g.Count, Capped: g.Capped, Oldest: at(g.Oldest), Newest: at(g.Newest)}
 }
 
 func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("deadletters redrive")
 	var o deadletters.RedriveOptions
 	fs.StringVar(&o.Queue, "queue", "", "the queue to move messages back to (required); they are taken from its dead-letter queue")
-	fs.StringVar(&o.DeadLetterQueue, "dlq", "", "the dead-letter queue (default: QUEUE.dlq)")
+	fs.StringVar(&o.DeadLetterQueue, "dlq", "", "the dead-letter queue (default: "+deadletters.QueueName("QUEUE")+")")
 	fs.StringVar(&o.Reason, "reason", "", "only messages dead-lettered for this reason")
-	fs.StringVar(&o.MessageID, "id", "", "only the message with this message id")
-	fs.StringVar(&o.Consumer, "consumer", "", "only messages this consumer dead-lettered")
+	fs.StringVar(&o.MessageID, "id", "", "only the message with this id (the one its dead-letter row records)")
+	fs.StringVar(&o.Consumer, "consumer", "", "only messages this consumer dead-lettered; judges those the broker dead-lettered for it")
 	intFlag(fs, &o.Limit, "limit", 0, 0, "move at most `N` messages (default: every matching one)")
-	fs.StringVar(&o.Operator, "operator", currentUser(), "who redrives, recorded on each dead-letter row")
+	operator := e.operatorFlag(fs, "who redrives, recorded on each dead-letter row")
 	fs.BoolVar(&o.AllowBeyondHorizon, "allow-beyond-horizon", false,
 		"also move messages that entered the dead-letter queue before the consumer's inbox horizon: they will be applied as new")
 	amqpURL := fs.String("amqp-url", "", "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
@@ -82,6 +150,7 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
+	o.Operator = *operator
 	if o.Queue == "" {
 		return fmt.Errorf("%w: want --queue Q", errUsage)
 	}
@@ -104,28 +173,25 @@ func deadLettersRedrive(ctx context.Context, e *env, args []string) error {
 	o.Pool, o.Tables = pool, e.tables
 	res, err := deadletters.Redrive(ctx, o)
 	if e.json {
-		if jerr := e.writeJSON(redriveJSON{Scanned: res.Scanned, Moved: res.Moved, Marked: res.Marked, Refused: res.Refused}); jerr != nil {
+		if jerr := e.writeJSON(newRedriveJSON(res)); jerr != nil {
 			return errors.Join(err, jerr)
 		}
 	} else if err == nil || res.Scanned > 0 {
-		e.printf("moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)",
-			res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
-		if res.Refused > 0 {
-			e.printf("; %d left beyond the inbox horizon", res.Refused)
+		if perr := printRedrive(e, o, res); perr != nil {
+			return errors.Join(err, perr)
 		}
-		e.printf("\n")
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, deadletters.ErrNoDeadLetterQueue) {
 		return fmt.Errorf("%w; what was not moved is still in %s", err, dlqName(o))
 	}
-	return nil
+	return err
 }
 
 func dlqName(o deadletters.RedriveOptions) string {
 	if o.DeadLetterQueue != "" {
 		return o.DeadLetterQueue
 	}
-	return o.Queue + ".dlq"
+	return deadletters.QueueName(o.Queue)
 }
 
 // deadLetterJSON is one element of `idem deadletters list --json`. The
@@ -160,10 +226,52 @@ func newDeadLetterJSON(d deadletters.Record) deadLetterJSON {
 	return out
 }
 
+// printRedrive prints what a redrive did, then a table of the messages it
+// refused (the first 100) and why.
+func printRedrive(e *env, o deadletters.RedriveOptions, res deadletters.RedriveResult) error {
+	e.printf("moved %d of %d messages looked at from %s back to %s (%d dead-letter rows marked)",
+		res.Moved, res.Scanned, dlqName(o), o.Queue, res.Marked)
+	if res.Refused > 0 {
+		e.printf("; %d left beyond the inbox horizon", res.Refused)
+	}
+	e.printf("\n")
+	if len(res.Refusals) == 0 {
+		return nil
+	}
+	t := e.table()
+	t.row("REFUSED MESSAGE ID", "CONSUMER", "REASON", "WHY")
+	for _, r := range res.Refusals {
+		t.row(r.MessageID, r.Consumer, r.Reason, r.Err)
+	}
+	if more := res.Refused - len(res.Refusals); more > 0 {
+		t.row(fmt.Sprintf("(%d more)", more), "", "", "")
+	}
+	return t.flush()
+}
+
 // redriveJSON is `idem deadletters redrive --json`.
 type redriveJSON struct {
-	Scanned int `json:"scanned"`
-	Moved   int `json:"moved"`
-	Marked  int `json:"marked"`
-	Refused int `json:"refused"`
+	Scanned  int           `json:"scanned"`
+	Moved    int           `json:"moved"`
+	Marked   int           `json:"marked"`
+	Refused  int           `json:"refused"`
+	Refusals []refusalJSON `json:"refusals"`
+}
+
+// refusalJSON is one message a redrive left in the dead-letter queue (the
+// first 100), and why.
+type refusalJSON struct {
+	MessageID string `json:"message_id"`
+	Consumer  string `json:"consumer"`
+	Reason    string `json:"reason"`
+	Error     string `json:"error"`
+}
+
+func newRedriveJSON(res deadletters.RedriveResult) redriveJSON {
+	out := redriveJSON{Scanned: res.Scanned, Moved: res.Moved, Marked: res.Marked, Refused: res.Refused,
+		Refusals: make([]refusalJSON, len(res.Refusals))}
+	for i, r := range res.Refusals {
+		out.Refusals[i] = refusalJSON{MessageID: r.MessageID, Consumer: r.Consumer, Reason: r.Reason, Error: r.Err.Error()}
+	}
+	return out
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -48,8 +48,8 @@ func newCLIFixture(t *testing.T) *cliFixture {
 	f.exec("INSERT INTO "+tables.Table("dead_letters")+` (consumer, message_id, payload_hash, reason, error)
 		VALUES ('billing', 'm-2', $1, 'max_attempts', 'gateway down')`, h[:])
 	f.exec("INSERT INTO " + tables.Table("replay_runs") + ` (run_id, mode, consumer, stream, from_position, to_position,
-		end_offset, operator, reason, status, finished_at) VALUES ('r-1', 'repair', 'billing', 'orders', 'first', 'tail', 9,
-		'alice', 'INC-1', 'finished', now())`)
+		end_offset, operator, reason, status, finished_at, audited) VALUES ('r-1', 'repair', 'billing', 'orders', 'first', 'tail', 9,
+		'alice', 'INC-1', 'finished', now(), 1)`)
 	f.exec("INSERT INTO "+tables.Table("replay_audit")+` (run_id, consumer, stream, stream_offset, message_id, payload_hash,
 		inbox, outcome, operator, reason) VALUES ('r-1', 'billing', 'orders', 7, 'm-1', $1, 'duplicate', 'processed', 'alice', 'INC-1')`, h[:])
 	return f

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -16,18 +18,9 @@ import (
 // unknown flag, a bad value (see atLeast), a bad --schema or --prefix and a
 // missing or extra argument are errUsage, which exits 2.
 func (e *env) parse(fs *flag.FlagSet, args []string, positional ...*string) error {
-	if wantsHelp(args) {
-		fs.SetOutput(e.stdout)
-	}
-	flags, rest := splitFlags(fs, args)
-	if err := fs.Parse(flags); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	if err := e.tables.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", errUsage, err)
+	rest, err := e.parseArgs(fs, args)
+	if err != nil {
+		return err
 	}
 	switch {
 	case len(rest) < len(positional):
@@ -39,6 +32,31 @@ func (e *env) parse(fs *flag.FlagSet, args []string, positional ...*string) erro
 		*p = rest[i]
 	}
 	return nil
+}
+
+// parseArgs is parse for a command that takes any number of positional
+// arguments: it returns them.
+func (e *env) parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	if wantsHelp(args) {
+		fs.SetOutput(e.stdout)
+	} else {
+		// A bad flag is reported once, by run, with a pointer to --help.
+		fs.SetOutput(io.Discard)
+	}
+	flags, rest := splitFlags(fs, args)
+	if err := fs.Parse(flags); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %w; see 'idem %s --help'", errUsage, err, strings.TrimPrefix(fs.Name(), "idem "))
+	}
+	if e.operator != nil && *e.operator == "" {
+		*e.operator = currentUser()
+	}
+	if err := e.tables.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return rest, nil
 }
 
 // splitFlags separates args into the flags of fs, each with its value, and
@@ -94,14 +112,51 @@ func intFlag(fs *flag.FlagSet, p *int, name string, value, min int, usage string
 // durationFlag defines a duration flag of at least min.
 func durationFlag(fs *flag.FlagSet, p *time.Duration, name string, value, min time.Duration, usage string) {
 	*p = value
-	fs.Var(atLeast[time.Duration]{p: p, min: min, parse: func(s string) (time.Duration, error) {
+	fs.Var(atLeast[time.Duration]{p: p, min: min, parse: parseDuration}, name, usage)
+}
+
+// parseDuration parses a Go duration (90s, 30m, 168h, 1h30m) that may start
+// with whole days (30d, 7d12h): a day is 24 hours.
+func parseDuration(s string) (time.Duration, error) {
+	bad := fmt.Errorf("not a duration such as 90s, 30m, 168h or 30d")
+	days, rest, ok := strings.Cut(s, "d")
+	if !ok {
 		d, err := time.ParseDuration(s)
 		if err != nil {
-			return 0, errors.New("not a duration such as 90s, 30m or 168h")
+			return 0, bad
 		}
 		return d, nil
-	}}, name, usage)
+	}
+	n, err := strconv.ParseUint(days, 10, 32)
+	if err != nil {
+		return 0, bad
+	}
+	if n > maxDays {
+		return 0, errTooLong
+	}
+	d := time.Duration(n) * day
+	if rest != "" {
+		r, err := time.ParseDuration(rest)
+		if err != nil || r < 0 || strings.HasPrefix(rest, "+") {
+			return 0, bad
+		}
+		if r > math.MaxInt64-d { // the sum would wrap around to a short or negative duration
+			return 0, errTooLong
+		}
+		d += r
+	}
+	return d, nil
 }
+
+// day is the d of a duration flag.
+const day = 24 * time.Hour
+
+// maxDays is the most whole days a time.Duration holds (about 292 years).
+const maxDays = uint64(math.MaxInt64 / int64(day))
+
+// errTooLong refuses a duration in days that time.Duration cannot hold:
+// multiplied out, it would wrap around to a short or negative one.
+var errTooLong = fmt.Errorf("longer than %d days", maxDays)
 
 func (f atLeast[T]) String() string {
 	if f.p == nil { // the zero flag that flag.PrintDefaults compares with

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -13,17 +14,16 @@ import (
 	"github.com/idemkit/idem/inbox/httpinbox"
 )
 
-func init() {
-	register(command{name: "http-keys", summary: "list, show and resolve HTTP idempotency keys (and webhook events, bulk items)",
-		subcommands: []string{"list", "show", "resolve"}, run: runHTTPKeys})
-}
-
 const httpKeysUsage = `usage:
-  idem http-keys list [--state S] [--operation O] [--tenant T] [--caller C] [--key K] [--limit N] [--json]
+  idem http-keys list [--state S] [--operation O] [--tenant T] [--caller C] [--key K] [--limit N] [--after CURSOR] [--json]
   idem http-keys show KEY_ID [--json]
-  idem http-keys resolve KEY_ID --as completed|retry --reason "…" [--operator NAME]
+  idem http-keys resolve KEY_ID... --as completed|retry --reason "…" [--state S] [--operator NAME] [--json]
+  idem http-keys resolve --state S --all [--operation O] [--tenant T] [--caller C] --as completed|retry --reason "…" [--operator NAME] [--json]
       completed: an unknown outcome happened; its stored response stays and is replayed
-      retry:     hand the key back; the client's next request with the same body runs again`
+      retry:     hand the key back; the client's next request with the same body runs again
+  Each key in a transaction of its own, with its own audit row. A key another operator resolved
+  meanwhile is refused, naming who decided, when and how; so is one that moved on (a request holds
+  it, no longer in --state). The command exits 1 when any key was refused. --status is --state.`
 
 func runHTTPKeys(ctx context.Context, e *env, args []string) error {
 	return group(e, httpKeysUsage, args, map[string]func([]string) error{
@@ -57,6 +57,7 @@ func httpKeysList(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&f.Caller, "caller", "", "only keys of this caller (a webhook's provider)")
 	fs.StringVar(&f.Key, "key", "", "only this Idempotency-Key (event id, item key) as the client sent it")
 	fs.IntVar(&f.Limit, "limit", 100, "most keys to list, oldest first")
+	fs.StringVar(&f.After, "after", "", "the page after this `CURSOR` (printed under a full page)")
 	e.jsonFlag(fs)
 	if err := e.parse(fs, args); err != nil {
 		return err
@@ -77,11 +78,15 @@ func httpKeysList(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printRows(e, recs, newKeyJSON, "KEY_ID\tSTATE\tTENANT\tCALLER\tOPERATION\tKEY\tSTATUS\tATTEMPTS\tCREATED",
+	err = printRows(e, recs, newKeyJSON, "KEY_ID\tSTATE\tTENANT\tCALLER\tOPERATION\tKEY\tSTATUS\tATTEMPTS\tCREATED",
 		func(r httpinbox.KeyRecord) []any {
 			return []any{r.KeyID, r.State, r.Tenant, r.Caller, r.Operation, r.Key, statusCode(r.Status), r.Attempts,
 				r.CreatedAt.UTC().Format(time.RFC3339)}
 		})
+	if err == nil && len(recs) == f.Limit {
+		e.nextPage("--after " + recs[len(recs)-1].Cursor())
+	}
+	return err
 }
 
 func httpKeysShow(ctx context.Context, e *env, args []string) error {
@@ -121,6 +126,7 @@ func httpKeysShow(ctx context.Context, e *env, args []string) error {
 	t.row("created_at", stamp(r.CreatedAt))
 	t.row("completed_at", stamp(r.CompletedAt))
 	t.row("expires_at", stamp(r.ExpiresAt))
+	t.row("forget_at", stamp(r.ForgetAt))
 	t.row("status_code", statusCode(r.Status))
 	for _, name := range slices.Sorted(maps.Keys(r.Header)) {
 		t.row("header", name+": "+strings.Join(r.Header[name], ", "))
@@ -142,29 +148,80 @@ func httpKeysResolve(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("http-keys resolve")
 	as := fs.String("as", "", "completed (an unknown outcome happened) or retry (the key runs again on its next request)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
-	operator := fs.String("operator", currentUser(), "who decides (default: the OS user)")
-	var id string
-	if err := e.parse(fs, args, &id); err != nil {
+	operator := e.operatorFlag(fs, "who decides")
+	var state string
+	fs.StringVar(&state, "state", "", "with --all, the state of the keys to resolve; with KEY_IDs, the state each must still be in")
+	fs.StringVar(&state, "status", "", "the same as --state")
+	all := fs.Bool("all", false, "resolve every key in --state (narrowed by --operation, --tenant, --caller) created before the command started")
+	var f httpinbox.KeyFilter
+	fs.StringVar(&f.Operation, "operation", "", "with --all: only keys of this operation")
+	fs.StringVar(&f.Tenant, "tenant", "", "with --all: only keys of this tenant")
+	fs.StringVar(&f.Caller, "caller", "", "with --all: only keys of this caller")
+	e.jsonFlag(fs)
+	ids, err := e.parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
 	to, ok := map[string]httpinbox.KeyState{"completed": httpinbox.KeyCompleted, "retry": httpinbox.KeyStarted}[*as]
-	if !ok {
+	switch {
+	case !ok:
 		return fmt.Errorf("%w: --as must be completed or retry", errUsage)
-	}
-	if strings.TrimSpace(*reason) == "" {
+	case strings.TrimSpace(*reason) == "":
 		return fmt.Errorf("%w: --reason is required", errUsage)
+	case state != "" && !httpinbox.KeyState(state).Valid():
+		return fmt.Errorf("%w: --state must be one of %s", errUsage, keyStates())
+	}
+	if err := newSelection(fs, ids, *all, state, "operation", "tenant", "caller").check("--state", "key"); err != nil {
+		return err
 	}
 	k, done, err := openKeys(ctx, e)
 	if err != nil {
 		return err
 	}
 	defer done()
-	r, err := k.Resolve(ctx, id, httpinbox.KeyResolution{As: to, Reason: *reason, Operator: *operator})
-	if err != nil {
-		return err
+	out := e.resolveOutput("key", *operator, *all)
+	var failed error
+	report := func(res httpinbox.KeyResolveResult) {
+		if err := out.add(res.KeyID, string(res.Record.State), res.Err, "httpinbox: resolve key "+res.KeyID+": ",
+			newResolvedKeyJSON(res)); err != nil {
+			failed = err
+		}
 	}
-	e.printf("key %s is now %s (audited as %s)\n", r.KeyID, r.State, *operator)
-	return nil
+	r := httpinbox.KeyResolution{As: to, Reason: *reason, Operator: *operator}
+	if *all {
+		f.State = httpinbox.KeyState(state)
+		err = k.ResolveWhere(ctx, f, r, report)
+	} else {
+		r.From = httpinbox.KeyState(state)
+		var results []httpinbox.KeyResolveResult
+		results, err = k.ResolveMany(ctx, ids, r)
+		for _, res := range results {
+			report(res)
+		}
+	}
+	return out.close(errors.Join(err, failed))
+}
+
+// resolvedKeyJSON is one element of `idem http-keys resolve --json`: what
+// became of one key.
+type resolvedKeyJSON struct {
+	KeyID    string `json:"key_id"`
+	Resolved bool   `json:"resolved"`
+	// From is the state the key was in; null when it was not found.
+	From *string `json:"from"`
+	// State is the state it is in now; null when it was not found.
+	State *string `json:"state"`
+	// Error says why it was refused; null when it was resolved.
+	Error *string `json:"error"`
+}
+
+func newResolvedKeyJSON(r httpinbox.KeyResolveResult) resolvedKeyJSON {
+	now := string(r.From)
+	if r.Resolved() {
+		now = string(r.Record.State)
+	}
+	return resolvedKeyJSON{KeyID: r.KeyID, Resolved: r.Resolved(), From: jsonText(string(r.From)), State: jsonText(now),
+		Error: errText(r.Err)}
 }
 
 // keyJSON is one element of `idem http-keys list --json`.
@@ -182,12 +239,13 @@ type keyJSON struct {
 	CreatedAt      *time.Time `json:"created_at"`
 	CompletedAt    *time.Time `json:"completed_at"`
 	ExpiresAt      *time.Time `json:"expires_at"`
+	ForgetAt       *time.Time `json:"forget_at"`
 }
 
 func newKeyJSON(r httpinbox.KeyRecord) keyJSON {
 	out := keyJSON{KeyID: r.KeyID, State: string(r.State), Tenant: r.Tenant, Caller: r.Caller, Operation: r.Operation,
 		IdempotencyKey: r.Key, ResourceID: r.ResourceID, Attempts: r.Attempts, LockedUntil: at(r.LockedUntil),
-		CreatedAt: at(r.CreatedAt), CompletedAt: at(r.CompletedAt), ExpiresAt: at(r.ExpiresAt)}
+		CreatedAt: at(r.CreatedAt), CompletedAt: at(r.CompletedAt), ExpiresAt: at(r.ExpiresAt), ForgetAt: at(r.ForgetAt)}
 	if r.Status != 0 {
 		out.StatusCode = &r.Status
 	}
@@ -218,8 +276,9 @@ func newKeyDetailJSON(r httpinbox.KeyRecord, history []httpinbox.KeyAudit) keyDe
 
 // keyStates lists the states for a usage message.
 func keyStates() string {
-	names := make([]string, len(httpinbox.KeyStates))
-	for i, s := range httpinbox.KeyStates {
+	states := httpinbox.KeyStates()
+	names := make([]string, len(states))
+	for i, s := range states {
 		names[i] = string(s)
 	}
 	return strings.Join(names, ", ")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // httpKeysFixture is a schema with two keys of tenant "acme": "k-unknown",
@@ -100,6 +100,11 @@ func TestHTTPKeysCommandsFindAndResolveAnUnknownOutcome(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "by bob: unknown -> completed: captured per provider dashboard")
 
+	_, stderr, code = f.cmd("http-keys", "resolve", f.unknown, "--as", "retry", "--reason", "no payment", "--operator", "carol")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "an operator resolved the key already: "+f.unknown+" by bob at ")
+	require.Contains(t, stderr, `unknown -> completed: "captured per provider dashboard"`)
+
 	_, stderr, code = f.cmd("http-keys", "resolve", f.done, "--as", "retry", "--reason", "x")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "cannot be resolved")
@@ -117,7 +122,7 @@ func TestHTTPKeysJSONIsOneDocumentWithSnakeCaseKeys(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
 	require.Len(t, list, 2)
 	for _, k := range []string{"key_id", "state", "tenant", "caller", "operation", "idempotency_key", "status_code",
-		"resource_id", "attempts", "locked_until", "created_at", "completed_at", "expires_at"} {
+		"resource_id", "attempts", "locked_until", "created_at", "completed_at", "expires_at", "forget_at"} {
 		require.Contains(t, list[0], k)
 	}
 	require.Equal(t, hostileCaller, list[0]["caller"], "JSON carries the value exactly, escaped by JSON itself")

@@ -12,11 +12,6 @@ import (
 	"github.com/idemkit/idem/inbox"
 )
 
-func init() {
-	register(command{name: "inbox", summary: "show an inbox row, per-consumer stats, or clean up expired rows",
-		subcommands: []string{"show", "stats", "horizon", "cleanup"}, run: runInbox})
-}
-
 const inboxUsage = `usage:
   idem inbox show --consumer C --id ID [--json]   print one row (exit 1 when absent)
   idem inbox stats [--json]                       rows, oldest and newest per consumer
@@ -105,13 +100,22 @@ func inboxStats(ctx context.Context, e *env, args []string) error {
 	}
 	return printRows(e, stats,
 		func(s inbox.ConsumerStats) inboxStatsJSON {
-			return inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Oldest: s.Oldest.UTC(), Newest: s.Newest.UTC()}
+			j := inboxStatsJSON{Consumer: s.Consumer, Rows: s.Rows, Estimated: s.Estimated}
+			if !s.Estimated {
+				j.Oldest, j.Newest = ptr(s.Oldest.UTC()), ptr(s.Newest.UTC())
+			}
+			return j
 		},
 		"CONSUMER\tROWS\tOLDEST\tNEWEST",
 		func(s inbox.ConsumerStats) []any {
+			if s.Estimated {
+				return []any{s.Consumer, approx(s.Rows, true), "-", "-"}
+			}
 			return []any{s.Consumer, s.Rows, s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339)}
 		})
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func inboxCleanup(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("inbox cleanup")
@@ -224,10 +228,13 @@ type inboxRecordJSON struct {
 
 // inboxStatsJSON is one element of `idem inbox stats --json`.
 type inboxStatsJSON struct {
-	Consumer string    `json:"consumer"`
-	Rows     int64     `json:"rows"`
-	Oldest   time.Time `json:"oldest"`
-	Newest   time.Time `json:"newest"`
+	Consumer string `json:"consumer"`
+	Rows     int64  `json:"rows"`
+	// Estimated reports that rows is the planner's estimate; oldest and
+	// newest are then null.
+	Estimated bool       `json:"estimated"`
+	Oldest    *time.Time `json:"oldest"`
+	Newest    *time.Time `json:"newest"`
 }
 
 // horizonJSON is one element of `idem inbox horizon --json`.

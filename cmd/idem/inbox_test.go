@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // runInboxCmd runs `idem ARGS --pg-url … --schema …` against tables.
@@ -76,7 +76,9 @@ func TestInboxStatsAndCleanupCommands(t *testing.T) {
 		_, err := ib.ClaimBatch(ctx, tx, claims)
 		return err
 	}))
-	_, err = pool.Exec(ctx, "UPDATE "+tables.Table("inbox")+" SET received_at = now() - interval '30 days' WHERE message_id <> '3'")
+	// A receipt per row: a cleanup chunk takes every row of the receipt it ends on.
+	_, err = pool.Exec(ctx, "UPDATE "+tables.Table("inbox")+
+		" SET received_at = now() - interval '30 days' - message_id::int * interval '1 minute' WHERE message_id <> '3'")
 	require.NoError(t, err)
 
 	out, stderr, code := runInboxCmd(t, tables, "inbox", "stats")

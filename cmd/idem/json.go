@@ -22,38 +22,40 @@ func at(t time.Time) *time.Time {
 
 // entryJSON is one element of `idem ledger list --json`.
 type entryJSON struct {
-	EffectID     string     `json:"effect_id"`
-	EffectType   string     `json:"effect_type"`
-	Status       string     `json:"status"`
-	Consumer     string     `json:"consumer"`
-	MessageID    string     `json:"message_id"`
-	BusinessKey  string     `json:"business_key"`
-	Target       string     `json:"target"`
-	AttemptCount int        `json:"attempt_count"`
-	LastError    string     `json:"last_error"`
-	CreatedAt    *time.Time `json:"created_at"`
-	CompletedAt  *time.Time `json:"completed_at"`
+	EffectID    string `json:"effect_id"`
+	EffectType  string `json:"effect_type"`
+	Status      string `json:"status"`
+	Consumer    string `json:"consumer"`
+	MessageID   string `json:"message_id"`
+	BusinessKey string `json:"business_key"`
+	// IdempotencyKey is sent with every attempt.
+	IdempotencyKey string     `json:"idempotency_key"`
+	Target         string     `json:"target"`
+	AttemptCount   int        `json:"attempt_count"`
+	LastError      string     `json:"last_error"`
+	CreatedAt      *time.Time `json:"created_at"`
+	CompletedAt    *time.Time `json:"completed_at"`
 }
 
 func newEntryJSON(e ledger.Entry) entryJSON {
 	return entryJSON{EffectID: e.ID, EffectType: e.Type, Status: string(e.Status), Consumer: e.Consumer,
-		MessageID: e.MessageID, BusinessKey: e.BusinessKey, Target: e.Target, AttemptCount: e.AttemptCount,
-		LastError: e.LastError, CreatedAt: at(e.CreatedAt), CompletedAt: at(e.CompletedAt)}
+		MessageID: e.MessageID, BusinessKey: e.BusinessKey, IdempotencyKey: e.IdempotencyKey, Target: e.Target,
+		AttemptCount: e.AttemptCount,
+		LastError:    e.LastError, CreatedAt: at(e.CreatedAt), CompletedAt: at(e.CompletedAt)}
 }
 
 // effectJSON is `idem ledger show --json`: the entry, its request and
 // response, and the operator decisions about it.
 type effectJSON struct {
 	entryJSON
-	IdempotencyKey string        `json:"idempotency_key"`
-	NextAttemptAt  *time.Time    `json:"next_attempt_at"`
-	LockedUntil    *time.Time    `json:"locked_until"`
-	LockOwner      string        `json:"lock_owner"`
-	RequestHash    string        `json:"request_hash"`
-	Request        *string       `json:"request"`
-	ResponseHash   *string       `json:"response_hash"`
-	Response       *string       `json:"response"`
-	History        []historyJSON `json:"history"`
+	NextAttemptAt *time.Time    `json:"next_attempt_at"`
+	LockedUntil   *time.Time    `json:"locked_until"`
+	LockOwner     string        `json:"lock_owner"`
+	RequestHash   string        `json:"request_hash"`
+	Request       *string       `json:"request"`
+	ResponseHash  *string       `json:"response_hash"`
+	Response      *string       `json:"response"`
+	History       []historyJSON `json:"history"`
 }
 
 // historyJSON is one operator decision.
@@ -66,7 +68,7 @@ type historyJSON struct {
 }
 
 func newEffectJSON(e ledger.Entry, history []ledger.AuditRecord) effectJSON {
-	out := effectJSON{entryJSON: newEntryJSON(e), IdempotencyKey: e.IdempotencyKey, NextAttemptAt: at(e.NextAttemptAt),
+	out := effectJSON{entryJSON: newEntryJSON(e), NextAttemptAt: at(e.NextAttemptAt),
 		LockedUntil: at(e.LockedUntil), LockOwner: e.LockOwner, RequestHash: e.RequestHash.String(),
 		Request: text(e.Request), History: []historyJSON{}}
 	if !e.ResponseHash.IsZero() {
@@ -95,6 +97,30 @@ func text(b []byte) *string {
 
 // ledgerStatsJSON is `idem ledger stats --json`.
 type ledgerStatsJSON struct {
-	Counts           map[string]int64 `json:"counts"`
-	OldestDueSeconds float64          `json:"oldest_due_seconds"`
+	Counts map[string]int64 `json:"counts"`
+	// Estimated lists the statuses whose count is the planner's estimate.
+	Estimated        []string `json:"estimated"`
+	OldestDueSeconds float64  `json:"oldest_due_seconds"`
+}
+
+// resolvedEffectJSON is one element of `idem ledger resolve --json`: what
+// became of one effect.
+type resolvedEffectJSON struct {
+	EffectID string `json:"effect_id"`
+	Resolved bool   `json:"resolved"`
+	// From is the status the effect was in; null when it was not found.
+	From *string `json:"from"`
+	// Status is the status it is in now; null when it was not found.
+	Status *string `json:"status"`
+	// Error says why it was refused; null when it was resolved.
+	Error *string `json:"error"`
+}
+
+func newResolvedEffectJSON(r ledger.ResolveResult) resolvedEffectJSON {
+	now := string(r.From)
+	if r.Resolved() {
+		now = string(r.Entry.Status)
+	}
+	return resolvedEffectJSON{EffectID: r.ID, Resolved: r.Resolved(), From: jsonText(string(r.From)), Status: jsonText(now),
+		Error: errText(r.Err)}
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -74,4 +74,22 @@ func TestLedgerCommandsResolveAnUnknownEffectWithAudit(t *testing.T) {
 			require.Equal(t, []string{"unknown", "0"}, strings.Fields(line))
 		}
 	}
+}
+
+func TestLedgerShowOfAnEffectRetentionRemovedPrintsItsTombstone(t *testing.T) {
+	t.Parallel()
+	f := newCLIFixture(t)
+	f.exec("INSERT INTO " + f.tables.Table("ledger_tombstones") + ` (effect_id, idempotency_key, status, settled_at)
+		VALUES ('gone-1', 'key-1', 'succeeded', now() - interval '200 days')`)
+	out, stderr, code := f.cmd("ledger", "show", "gone-1")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "succeeded (retention removed the effect; this is its tombstone)")
+	require.Contains(t, out, "key-1")
+	out, _, code = f.cmd("ledger", "show", "gone-1", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"tombstone": true`)
+
+	_, stderr, code = f.cmd("ledger", "show", "never-recorded")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "not found")
 }

@@ -10,11 +10,6 @@ import (
 	"github.com/idemkit/idem/inbox/httpinbox"
 )
 
-func init() {
-	register(command{name: "operations", summary: "list, show and resolve long-running operations of the HTTP edge",
-		subcommands: []string{"list", "show", "resolve"}, run: runOperations})
-}
-
 const operationsUsage = `usage:
   idem operations list [--state S] [--kind K] [--tenant T] [--caller C] [--limit N] [--json]
   idem operations show OPERATION_ID [--json]
@@ -22,7 +17,8 @@ const operationsUsage = `usage:
       succeeded: it happened; --result is what its status shows as result
       failed:    it did not and will not; the result defaults to the problem OPERATION_FAILED
   An unknown operation, or one accepted or running whose worker is gone, can be
-  resolved; one that follows a ledger effect is resolved through the ledger.`
+  resolved; one that follows a ledger effect is resolved through the ledger. One an
+  operator resolved already is refused, naming who decided, when and how.`
 
 func runOperations(ctx context.Context, e *env, args []string) error {
 	return group(e, operationsUsage, args, map[string]func([]string) error{
@@ -129,7 +125,7 @@ func operationsResolve(ctx context.Context, e *env, args []string) error {
 	as := fs.String("as", "", "succeeded (it happened) or failed (it did not, and will not)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	result := fs.String("result", "", "the operation's result, a JSON value (default: none for succeeded, the problem OPERATION_FAILED for failed)")
-	operator := fs.String("operator", currentUser(), "who decides (default: the OS user)")
+	operator := e.operatorFlag(fs, "who decides")
 	var id string
 	if err := e.parse(fs, args, &id); err != nil {
 		return err
@@ -205,8 +201,9 @@ func newOperationDetailJSON(op httpinbox.Operation, history []httpinbox.Operatio
 
 // operationStates lists the states for a usage message.
 func operationStates() string {
-	names := make([]string, len(httpinbox.OperationStates))
-	for i, s := range httpinbox.OperationStates {
+	states := httpinbox.OperationStates()
+	names := make([]string, len(states))
+	for i, s := range states {
 		names[i] = string(s)
 	}
 	return strings.Join(names, ", ")

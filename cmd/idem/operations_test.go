@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // operationsFixture is a schema with four operations of tenant "acme",
@@ -124,6 +124,11 @@ func TestOperationsCommandsFindAndResolveAnUnknownOperation(t *testing.T) {
 	require.Contains(t, out, "by bob: unknown -> succeeded: report found in the bucket")
 	require.Regexp(t, `(?m)^result\s+\{"url":"/r2.pdf"\}$`, out)
 
+	// A second operator learns who decided, and when.
+	_, stderr, code = f.cmd("operations", "resolve", "op-unknown", "--as", "failed", "--reason", "never rendered", "--operator", "carol")
+	require.Equal(t, 1, code)
+	require.Regexp(t, `an operator resolved the operation already: op-unknown by bob at \d{4}-\d\d-\d\dT[0-9:]+Z, unknown -> succeeded: "report found in the bucket"`, stderr)
+
 	// A running operation whose worker is gone fails with the default result.
 	out, stderr, code = f.cmd("operations", "resolve", "op-running", "--as", "failed", "--reason", "worker host gone", "--operator", "bob")
 	require.Equal(t, 0, code, stderr)
@@ -142,6 +147,9 @@ func TestOperationsCommandsFindAndResolveAnUnknownOperation(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no such operation")
 	_, stderr, code = f.cmd("operations", "resolve", "op-nope", "--as", "failed", "--reason", "x")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "no such operation")
+	_, stderr, code = f.cmd("operations", "show", "op\x00\xff")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no such operation")
 }

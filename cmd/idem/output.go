@@ -75,3 +75,49 @@ func printRows[R, J any](e *env, rows []R, asJSON func(R) J, header string, cell
 	}
 	return t.flush()
 }
+
+// jsonArray prints a JSON array one element at a time, as writeJSON
+// prints a slice, so that a long run needs no memory for its output.
+type jsonArray struct {
+	e *env
+	n int
+}
+
+// add prints v as the array's next element.
+func (a *jsonArray) add(v any) error {
+	b, err := json.MarshalIndent(v, "  ", "  ")
+	if err != nil {
+		return err
+	}
+	sep := ",\n  "
+	if a.n == 0 {
+		sep = "[\n  "
+	}
+	a.n++
+	_, err = fmt.Fprintf(a.e.stdout, "%s%s", sep, b)
+	return err
+}
+
+// close ends the array.
+func (a *jsonArray) close() error {
+	end := "\n]\n"
+	if a.n == 0 {
+		end = "[]\n"
+	}
+	_, err := fmt.Fprint(a.e.stdout, end)
+	return err
+}
+
+// nextPage tells, on stderr, how to list the page after a full one: the
+// flag and value to add to the command.
+func (e *env) nextPage(flagAndValue string) {
+	fmt.Fprintf(e.stderr, "more may follow: add %s for the next page\n", safetext.Display(flagAndValue))
+}
+
+// approx formats a count, with a ~ when it is the planner's estimate.
+func approx(n int64, estimated bool) string {
+	if estimated {
+		return fmt.Sprintf("~%d", n)
+	}
+	return fmt.Sprint(n)
+}

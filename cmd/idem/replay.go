@@ -8,11 +8,6 @@ import (
 	"github.com/idemkit/idem/replay"
 )
 
-func init() {
-	register(command{name: "replay", summary: "list replay runs; abandon an interrupted online rebuild",
-		subcommands: []string{"runs", "abandon"}, run: runReplay})
-}
-
 const replayUsage = `usage:
   idem replay runs [--consumer C] [--limit N] [--json]   newest first, with their audit counts
   idem replay abandon RUN_ID                             drop an interrupted online rebuild's shadow tables

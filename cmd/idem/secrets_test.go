@@ -43,3 +43,28 @@ func TestBrokerPasswordNeverAppearsInRedriveOutput(t *testing.T) {
 		}
 	}
 }
+
+// A mistyped flag, or --help, of any command prints its usage text, and
+// neither the database's nor the broker's password: the URLs are never
+// flag defaults.
+func TestUsageTextNeverShowsAPassword(t *testing.T) {
+	t.Setenv("IDEM_PG_URL", "postgres://app:s3cr3t-pa55@127.0.0.1:1/test")
+	t.Setenv("IDEM_AMQP_URL", "amqp://app:s3cr3t-pa55@127.0.0.1:1/,amqp://app:s3cr3t-pa55@127.0.0.1:2/")
+	for _, args := range [][]string{
+		{"--bogus"}, {"--help"}, {"bogus"},
+		{"migrate", "--bogus"}, {"migrate", "--help"}, {"cleanup", "--bogus"}, {"console", "--bogus"},
+		{"console", "--help"}, {"inbox", "stats", "--bogus"}, {"ledger", "list", "--bogus"},
+		{"deadletters", "redrive", "--bogus"}, {"deadletters", "redrive", "--help"},
+		{"operations", "list", "--bogus"}, {"replay", "--bogus"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), args, &out, &errOut)
+		s := out.String() + errOut.String()
+		if !strings.Contains(s, "usage") {
+			t.Fatalf("idem %v (exit %d) printed no usage text: %s", args, code, s)
+		}
+		if strings.Contains(s, "s3cr3t-pa55") {
+			t.Fatalf("idem %v printed the password: %s", args, s)
+		}
+	}
+}

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
 	"github.com/idemkit/idem/deadletters"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 type deposit struct {

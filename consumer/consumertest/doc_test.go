@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/consumer/consumertest"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // The package documentation's examples, compiled and run.

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/internal/cpustat"
 	"github.com/idemkit/idem/replay"
 )
@@ -20,7 +19,7 @@ const benchEvents = 100_000
 // BenchmarkRebuildOf100kEvents publishes 100,000 order events (3 % of them
 // twice) and measures, in the same run and with the same handler (the
 // version guard, the upsert, the e-mail effect): live consumption of the
-// whole stream by stream.Run (no dispatcher), then an online rebuild of
+// whole stream by the consumer's Run (no dispatcher), then an online rebuild of
 // order_overview beside that live consumer, which keeps running. It reports
 // both rates, their ratio, how long the swap held the live consumer, and
 // the CPU steal (a run with a high steal is depressed and noisy).
@@ -64,7 +63,7 @@ func benchLive(b *testing.B, e *testEnv, tail int64) (took time.Duration, stop f
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- stream.Run(ctx, c) }()
+	go func() { done <- c.Run(ctx) }()
 	for e.checkpoint() < tail {
 		time.Sleep(5 * time.Millisecond)
 	}

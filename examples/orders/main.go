@@ -70,7 +70,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&o.schema, "schema", "orders", "schema for idem's tables and the projection")
 	fs.StringVar(&o.stream, "stream", "orders.events", "the stream of order events")
 	fs.StringVar(&o.mailURL, "mail", "http://127.0.0.1:8025/send", "where the shipped e-mails are sent (see mailstub)")
-	fs.StringVar(&o.amqpURL, "amqp-url", o.amqpURL, "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
+	fs.Var(secretURL{&o.amqpURL}, "amqp-url", "RabbitMQ `URL`, or a cluster's node URLs separated by commas ($IDEM_AMQP_URL sets the default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -124,3 +124,17 @@ func env(key, def string) string {
 	}
 	return def
 }
+
+// secretURL is a flag holding a URL, or a list of URLs, that may carry a
+// password: its default shows in -h and in the usage text of a mistyped
+// flag, which may land in a container's logs, so it shows redacted.
+type secretURL struct{ p *string }
+
+func (f secretURL) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return amqpnodes.Redact(*f.p)
+}
+
+func (f secretURL) Set(s string) error { *f.p = s; return nil }

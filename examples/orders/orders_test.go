@@ -18,12 +18,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/streamio"
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -157,7 +157,7 @@ func (e *testEnv) publish(cfg publishConfig) []message {
 
 // startWorker runs a worker (consumer and dispatcher) in this process until
 // the returned stop is called.
-func (e *testEnv) startWorker() (c *stream.Consumer, stop func()) {
+func (e *testEnv) startWorker() (c *consumer.Consumer, stop func()) {
 	e.t.Helper()
 	overview, err := newOverview(e.o)
 	require.NoError(e.t, err)
@@ -282,7 +282,7 @@ func TestStandbyTakesOverWhenTheActiveWorkerIsKilled(t *testing.T) {
 
 	all := append(first, more...)
 	waitFor(t, 60*time.Second, "the standby at the tail", func() bool { return e.checkpoint() == int64(len(all)-1) })
-	require.Positive(t, standby.Consumer().Stats().Processed, "the standby never took over")
+	require.Positive(t, standby.Stats().Processed, "the standby never took over")
 	e.requireProjection(all)
 	require.Equal(t, shipped(all), e.count(`SELECT count(*) FROM `+idem.Tables{Schema: e.o.schema}.Table("ledger")+` WHERE effect_type = $1`, notifyShipped),
 		"one e-mail effect per shipped order")

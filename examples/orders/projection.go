@@ -13,9 +13,9 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/pgnodes"
 	"github.com/idemkit/idem/projection"
 )
 
@@ -46,7 +46,9 @@ func overviewTable(o options) string {
 // setup connects, migrates idem's tables into the schema and creates the
 // projection.
 func setup(ctx context.Context, o options) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, o.pgURL)
+	// pgnodes: a host that stops answering costs seconds (a connect
+	// timeout per host of a multi-host URL, TCP keepalives).
+	pool, err := pgnodes.New(ctx, o.pgURL)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -73,7 +75,7 @@ func newOverview(o options) (*projection.Projection, error) {
 }
 
 // newConsumer builds the projection's stream consumer.
-func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*stream.Consumer, error) {
+func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection) (*consumer.Consumer, error) {
 	tables := idem.Tables{Schema: o.schema}
 	nodes, err := amqpnodes.Split(o.amqpURL)
 	if err != nil {
@@ -81,6 +83,8 @@ func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection)
 	}
 	c, err := consumer.New(consumer.Config{
 		Name:        consumerName,
+		Stream:      o.stream,
+		StreamURL:   o.streamURL,
 		Pool:        pool,
 		AMQPURLs:    nodes,
 		Tables:      tables,
@@ -106,7 +110,7 @@ func newConsumer(o options, pool *pgxpool.Pool, overview *projection.Projection)
 		return nil, err
 	}
 	c.Handle(consumer.JSON(p.handle))
-	return stream.New(c, stream.Config{Stream: o.stream, URL: o.streamURL})
+	return c, nil
 }
 
 // orderKey is the business key: the order id. Repairs select by it.

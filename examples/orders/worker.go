@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/prommetrics"
@@ -29,6 +29,7 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 		return err
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // the components below take the global provider
 	pool, err := setup(ctx, o)
 	if err != nil {
 		return err
@@ -44,7 +45,7 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 	}
 	o.logger.Info("worker started", "stream", o.stream, "schema", o.schema, "mail", o.mailURL)
 	err = runWorker(ctx, o, pool, c)
-	s := c.Consumer().Stats()
+	s := c.Stats()
 	o.logger.Info("worker stopped", "processed", s.Processed, "duplicates", s.Duplicates, "dead_lettered", s.DeadLettered)
 	return err
 }
@@ -52,7 +53,7 @@ func workerCommand(ctx context.Context, o options, args []string) error {
 // runWorker runs the projection's stream consumer (active, or hot standby
 // while another process reads the stream) and the ledger dispatcher that
 // sends the e-mails, until ctx is cancelled.
-func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *stream.Consumer) error {
+func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *consumer.Consumer) error {
 	d, err := ledger.NewDispatcher(ledger.DispatcherConfig{
 		Pool:   pool,
 		Tables: idem.Tables{Schema: o.schema},
@@ -76,11 +77,11 @@ func runWorker(ctx context.Context, o options, pool *pgxpool.Pool, c *stream.Con
 	})
 	if o.healthAddr != "" {
 		wg.Go(func() {
-			healthErr = health.ListenAndServe(ctx, o.healthAddr, d, c.Consumer())
+			healthErr = health.ListenAndServe(ctx, o.healthAddr, d, c)
 			cancel()
 		})
 	}
-	err = stream.Run(ctx, c)
+	err = c.Run(ctx)
 	cancel()
 	wg.Wait()
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/partitions"
 	"github.com/idemkit/idem/prommetrics"
+	"github.com/idemkit/idem/run"
 )
 
 // The HTTP edge of the payments example: POST /captures takes a capture
@@ -324,7 +325,7 @@ func (c captureCreate) validate() (capture, error) {
 // cancelled or one of them fails; then the server drains its requests, the
 // dispatcher its publishes, and run returns.
 func (a *api) run(ctx context.Context, ln net.Listener) error {
-	return runAll(ctx,
+	return run.All(ctx,
 		func(ctx context.Context) error { return serveHTTP(ctx, "api", ln, a.handler()) },
 		a.work)
 }
@@ -334,7 +335,7 @@ func (a *api) run(ctx context.Context, ln net.Listener) error {
 // connection.
 func (a *api) work(ctx context.Context) error {
 	defer func() { _ = a.publisher.Close() }()
-	return runAll(ctx, a.dispatcher.Run, a.cleanupLoop,
+	return run.All(ctx, a.dispatcher.Run, a.cleanupLoop,
 		func(ctx context.Context) error { a.database.Run(ctx); return nil })
 }
 
@@ -390,6 +391,7 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // the components below take the global provider
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err
@@ -408,7 +410,7 @@ func runAPI(ctx context.Context, args []string) error {
 	}
 	log.Info("api listening", "addr", ln.Addr().String(), "queue", *queue, "schema", svc.schema)
 	if *healthAddr != "" {
-		err = runAll(ctx, func(ctx context.Context) error { return a.run(ctx, ln) }, func(ctx context.Context) error {
+		err = run.All(ctx, func(ctx context.Context) error { return a.run(ctx, ln) }, func(ctx context.Context) error {
 			return health.ListenAndServe(ctx, *healthAddr, a.reporters()...)
 		})
 	} else {

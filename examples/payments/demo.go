@@ -23,7 +23,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/ledger"
-	"github.com/idemkit/idem/partitions"
+	"github.com/idemkit/idem/run"
 )
 
 // demoConfig is everything a demo run needs.
@@ -112,7 +112,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		return err
 	}
 	// Leftovers of an interrupted run would be counted as this run's.
-	if err := purge(cfg.publish.amqpURL, cfg.publish.queue, cfg.publish.partitions); err != nil {
+	if err := purge(cfg.publish.amqpURL, w.consumer.Queues()); err != nil {
 		return err
 	}
 
@@ -148,7 +148,7 @@ func demo(ctx context.Context, cfg demoConfig) error {
 		hooks := g.sendWebhooks(webhookConfig{url: apiURL + "/webhooks/gateway", secret: cfg.edge.secret, dupRate: cfg.edge.dupRate})
 		fns = append(fns, func(ctx context.Context) error { return a.run(ctx, apiLn) }, hooks.run)
 	}
-	if err := runAll(ctx, fns...); err != nil {
+	if err := run.All(ctx, fns...); err != nil {
 		return err
 	}
 	return rep.print(cfg.out)
@@ -169,12 +169,20 @@ type demoReport struct {
 	dlq       int            // messages in the dead-letter queue
 	dlqName   string
 	deadTable string
+	// eventsBefore are the gateway_events rows and distinct event ids of
+	// earlier runs on the same tables, read before this one sends.
+	eventsBefore [2]int
 }
 
 // drive publishes, sends the HTTP requests (when apiURL is set), waits until
 // everything is settled and collects the report.
 func drive(ctx context.Context, cfg demoConfig, c *consumer.Consumer, gatewayURL, apiURL string) (demoReport, error) {
-	rep := demoReport{dlqName: cfg.publish.queue + ".dlq", deadTable: cfg.tables.Table("dead_letters")}
+	rep := demoReport{dlqName: c.Config().DeadLetterQueue, deadTable: cfg.tables.Table("dead_letters")}
+	rows, distinct, err := eventRows(ctx, cfg.pool, cfg.tables)
+	if err != nil {
+		return rep, err
+	}
+	rep.eventsBefore = [2]int{rows, distinct}
 	start := time.Now()
 	if err := rep.send(ctx, cfg, apiURL); err != nil {
 		return rep, err
@@ -291,7 +299,13 @@ func (rep *demoReport) collect(ctx context.Context, cfg demoConfig, gatewayURL, 
 	if err := rep.http.settle(ctx, cfg.pool, cfg.tables); err != nil {
 		return err
 	}
-	return rep.edge.settle(ctx, cfg.pool, cfg.tables, apiURL, rep.apiIDs())
+	if err := rep.edge.settle(ctx, cfg.pool, cfg.tables, apiURL, rep.apiIDs()); err != nil {
+		return err
+	}
+	// The checks count this run's events: earlier runs left theirs.
+	rep.edge.rows -= rep.eventsBefore[0]
+	rep.edge.distinct -= rep.eventsBefore[1]
+	return nil
 }
 
 // print writes the report and the checks; it fails if a check does.
@@ -380,18 +394,11 @@ func fetchStats(ctx context.Context, gatewayURL string) ([]byte, gatewayStats, e
 	return raw, s, nil
 }
 
-// purge empties the queue (or its n partitions), its retry queues and its
-// dead-letter queue.
-func purge(amqpURL, queue string, n int) error {
-	queues := []string{queue, queue + ".retry"}
-	if n > 0 {
-		queues = nil
-		for i := range n {
-			queues = append(queues, partitions.QueueName(queue, i), partitions.QueueName(queue, i)+".retry")
-		}
-	}
+// purge empties the queues a consumer declares (consumer.Consumer.Queues):
+// its queue or partitions, their retry queues and its dead-letter queue.
+func purge(amqpURL string, queues []string) error {
 	return withChannel(amqpURL, func(ch *amqp.Channel) error {
-		for _, q := range append(queues, queue+".dlq") {
+		for _, q := range queues {
 			if _, err := ch.QueuePurge(q, false); err != nil {
 				return fmt.Errorf("purge %s: %w", q, err)
 			}

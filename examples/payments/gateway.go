@@ -15,6 +15,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/run"
 )
 
 // faults is the trouble a gateway injects, each as a probability per request.
@@ -301,7 +303,7 @@ func runGateway(ctx context.Context, args []string) error {
 	}
 	log.Info("gateway listening", "addr", ln.Addr().String(), "fail_rate", f.FailRate, "slow_rate", f.SlowRate,
 		"slow_delay", f.SlowDelay, "drop_after_charge_rate", f.DropAfterChargeRate, "webhook_url", hooks.url)
-	err = runAll(ctx, fns...)
+	err = run.All(ctx, fns...)
 	s := g.snapshot()
 	log.Info("gateway stopped", "requests", s.Requests, "charges", s.Charges,
 		"distinct_captures", s.DistinctCaptures, "double_charges", s.DoubleCharges,

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -117,26 +115,6 @@ func TestGatewayInjectedFailureChargesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 	require.Equal(t, int64(1), g.snapshot().Charges)
-}
-
-func TestRunAllStopsEveryFunctionAndReturnsTheFirstError(t *testing.T) {
-	t.Parallel()
-	boom := errors.New("boom")
-	stopped := make(chan struct{})
-	err := runAll(context.Background(),
-		func(ctx context.Context) error {
-			<-ctx.Done() // runs until the other one fails
-			close(stopped)
-			return nil
-		},
-		func(context.Context) error { return boom },
-	)
-	require.ErrorIs(t, err, boom)
-	select {
-	case <-stopped:
-	default:
-		t.Fatal("runAll returned before every function stopped")
-	}
 }
 
 func TestGatewayRetriesAWebhookUntilItIsAnswered(t *testing.T) {

@@ -15,9 +15,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/idemkit/idem/ledger"
 )
 

@@ -61,7 +61,7 @@ var commands = map[string]command{
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:])
+	err := runCommand(ctx, os.Args[1:])
 	stop()
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "payments:", err)
@@ -69,7 +69,7 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+func runCommand(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New(usage())
 	}

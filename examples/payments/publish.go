@@ -14,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/partitions"
 )
@@ -109,7 +110,10 @@ func publish(ctx context.Context, cfg publishConfig) (published, error) {
 			Amount:           ptr(int64(mrand.IntN(100000) + 100)),
 			Currency:         currencies[i%len(currencies)],
 		})
-		m := amqp.Publishing{MessageId: fmt.Sprintf("%s-m-%d", res.prefix, i), CorrelationId: fmt.Sprintf("%s-corr-%d", res.prefix, i), Body: body}
+		// A time-ordered message id (a UUIDv7 after the run's prefix):
+		// each claim inserts at the right edge of the run's range of the
+		// inbox index.
+		m := amqp.Publishing{MessageId: res.prefix + "-m-" + idem.NewMessageID(), CorrelationId: fmt.Sprintf("%s-corr-%d", res.prefix, i), Body: body}
 		if err := send(m); err != nil {
 			return res, err
 		}

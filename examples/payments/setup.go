@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/pgnodes"
 )
 
 // Defaults shared by the subcommands.
@@ -47,8 +48,9 @@ func serviceFlags(fs *flag.FlagSet) *services {
 
 // amqpURLFlag registers -amqp-url on fs, defaulting to IDEM_AMQP_URL.
 func amqpURLFlag(fs *flag.FlagSet, p *string) {
-	fs.StringVar(p, "amqp-url", envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
-		"RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
+	*p = envOr("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	fs.Var(secretURL{p}, "amqp-url",
+		"RabbitMQ `URL`, or a cluster's node URLs separated by commas ($IDEM_AMQP_URL sets the default)")
 }
 
 // dialBroker connects to the first node of list (see services.amqpURL)
@@ -69,7 +71,9 @@ func dialBroker(ctx context.Context, list string) (*amqp.Connection, error) {
 // creates the example's tables. The caller closes the pool. The api and the
 // worker may run it at the same moment on a fresh schema.
 func (s *services) open(ctx context.Context) (*pgxpool.Pool, idem.Tables, error) {
-	pool, err := pgxpool.New(ctx, s.pgURL)
+	// pgnodes: a host that stops answering costs seconds (a connect
+	// timeout per host of a multi-host URL, TCP keepalives).
+	pool, err := pgnodes.New(ctx, s.pgURL)
 	if err != nil {
 		return nil, idem.Tables{}, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -155,3 +159,17 @@ func envOr(key, def string) string {
 	}
 	return def
 }
+
+// secretURL is a flag holding a URL, or a list of URLs, that may carry a
+// password: its default shows in -h and in the usage text of a mistyped
+// flag, which may land in a container's logs, so it shows redacted.
+type secretURL struct{ p *string }
+
+func (f secretURL) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return amqpnodes.Redact(*f.p)
+}
+
+func (f secretURL) Set(s string) error { *f.p = s; return nil }

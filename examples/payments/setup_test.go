@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // The api and the worker of a fresh deployment start at the same moment on

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +16,7 @@ import (
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/ledger"
 	"github.com/idemkit/idem/prommetrics"
+	"github.com/idemkit/idem/run"
 )
 
 // workerConfig says what a worker consumes and where it sends captures.
@@ -106,30 +106,7 @@ func newWorker(cfg workerConfig) (*worker, error) {
 // them fails; either way both are stopped (the consumer drains its in-flight
 // batches, the dispatcher its in-flight calls) before run returns.
 func (w *worker) run(ctx context.Context) error {
-	return runAll(ctx, w.consumer.Run, w.dispatcher.Run)
-}
-
-// runAll runs every fn in its own goroutine with a shared context, which is
-// cancelled as soon as one of them returns. It waits for all of them and
-// returns the first error.
-func runAll(ctx context.Context, fns ...func(context.Context) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-	)
-	for _, fn := range fns {
-		wg.Go(func() {
-			defer cancel()
-			if err := fn(ctx); err != nil {
-				once.Do(func() { first = err })
-			}
-		})
-	}
-	wg.Wait()
-	return first
+	return run.All(ctx, w.consumer.Run, w.dispatcher.Run)
 }
 
 // runWorker is the worker subcommand.
@@ -151,6 +128,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // the components below take the global provider
 	pool, tables, err := svc.open(ctx)
 	if err != nil {
 		return err
@@ -165,7 +143,7 @@ func runWorker(ctx context.Context, args []string) error {
 	}
 	log.Info("worker started", "queue", *queue, "schema", svc.schema, "gateway", captureURL(*gatewayURL))
 	if *healthAddr != "" {
-		err = runAll(ctx, w.run, func(ctx context.Context) error {
+		err = run.All(ctx, w.run, func(ctx context.Context) error {
 			return health.ListenAndServe(ctx, *healthAddr, w.dispatcher, w.consumer)
 		})
 	} else {

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/ledger"
 )
 

@@ -20,9 +20,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testcluster"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testcluster"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 )
 
 // The quickstart worker, run as a user runs it with the three nodes of a

@@ -15,6 +15,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/partitions"
 )
 
@@ -42,11 +44,7 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 	} else if n > 0 {
 		logger.Info("purged leftover messages", "queue", o.queue, "messages", n)
 	}
-	before, err := balances(ctx, pool, tables)
-	if err != nil {
-		return err
-	}
-	deadBefore, err := count(ctx, pool, `SELECT count(*) FROM `+tables.Table("dead_letters")+` WHERE consumer = 'quickstart'`)
+	before, err := readTotals(ctx, pool, tables)
 	if err != nil {
 		return err
 	}
@@ -68,11 +66,44 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 		return err
 	}
 	total := int64(pub.messages + sent)
+	if err := awaitSettled(ctx, c, total); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	after, err := readTotals(ctx, pool, tables)
+	if err != nil {
+		return err
+	}
+	r := demoRun{o: o, tables: tables, stats: c.Stats(), pub: pub, total: total, sent: sent, bad: bad, took: took}
+	return r.report(before, after)
+}
+
+// totals is what the demo's check compares before and after its run.
+type totals struct {
+	balances map[string]int64
+	dead     int64 // the quickstart consumer's dead-letter rows
+}
+
+// readTotals reads every balance and the number of dead-letter rows.
+func readTotals(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables) (totals, error) {
+	b, err := balances(ctx, pool, tables)
+	if err != nil {
+		return totals{}, err
+	}
+	dead, err := count(ctx, pool, `SELECT count(*) FROM `+tables.Table("dead_letters")+` WHERE consumer = 'quickstart'`)
+	if err != nil {
+		return totals{}, err
+	}
+	return totals{balances: b, dead: dead}, nil
+}
+
+// awaitSettled waits, at most 2 minutes, until c has settled total messages.
+func awaitSettled(ctx context.Context, c *consumer.Consumer, total int64) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		s := c.Stats()
 		if s.Processed+s.Duplicates+s.DeadLettered >= total {
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("only %d of %d messages settled after 2 minutes", s.Processed+s.Duplicates+s.DeadLettered, total)
@@ -83,44 +114,51 @@ func demo(ctx context.Context, o options, logger *slog.Logger) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	took := time.Since(start)
-	after, err := balances(ctx, pool, tables)
-	if err != nil {
-		return err
-	}
-	deadAfter, err := count(ctx, pool, `SELECT count(*) FROM `+tables.Table("dead_letters")+` WHERE consumer = 'quickstart'`)
-	if err != nil {
-		return err
-	}
+}
 
-	s := c.Stats()
+// demoRun is what one run of the demo published and counted.
+type demoRun struct {
+	o         options
+	tables    idem.Tables
+	stats     consumer.Stats
+	pub       published
+	total     int64
+	sent, bad int
+	took      time.Duration
+}
+
+// report prints the run's figures and checks that every balance grew by
+// exactly its distinct deposits and that the bad messages, and only they,
+// were dead-lettered.
+func (r demoRun) report(before, after totals) error {
+	s, dead := r.stats, after.dead-before.dead
 	fmt.Printf("\nidem quickstart demo\n")
-	fmt.Printf("  messages published   %6d  (%d deposits, %d re-published, %d bad)\n", total, o.n, pub.messages-o.n, sent)
+	fmt.Printf("  messages published   %6d  (%d deposits, %d re-published, %d bad)\n", r.total, r.o.n, r.pub.messages-r.o.n, r.sent)
 	fmt.Printf("  processed            %6d\n", s.Processed)
 	fmt.Printf("  duplicates skipped   %6d\n", s.Duplicates)
 	fmt.Printf("  dead-lettered        %6d  (%d conflict; rows in %s: %d)\n", s.DeadLettered, s.Conflicts,
-		tables.Table("dead_letters"), deadAfter-deadBefore)
+		r.tables.Table("dead_letters"), dead)
 	fmt.Printf("  batches              %6d  (%.1f messages per commit)\n", s.Batches, float64(s.Processed+s.Duplicates+s.DeadLettered)/float64(max(s.Batches, 1)))
-	fmt.Printf("  throughput           %6.0f msg/s\n", float64(total)/took.Seconds())
+	fmt.Printf("  throughput           %6.0f msg/s\n", float64(r.total)/r.took.Seconds())
 
-	accounts := make([]string, 0, len(pub.expected))
-	for a := range pub.expected {
+	accounts := make([]string, 0, len(r.pub.expected))
+	for a := range r.pub.expected {
 		accounts = append(accounts, a)
 	}
 	sort.Strings(accounts)
 	wrong := 0
 	for _, a := range accounts {
-		if got := after[a] - before[a]; got != pub.expected[a] {
+		if got := after.balances[a] - before.balances[a]; got != r.pub.expected[a] {
 			wrong++
-			fmt.Printf("  MISMATCH %s: balance grew by %d, deposits sum to %d\n", a, got, pub.expected[a])
+			fmt.Printf("  MISMATCH %s: balance grew by %d, deposits sum to %d\n", a, got, r.pub.expected[a])
 		}
 	}
-	if wrong > 0 || s.DeadLettered != int64(bad) || deadAfter-deadBefore != int64(bad) {
+	if wrong > 0 || s.DeadLettered != int64(r.bad) || dead != int64(r.bad) {
 		fmt.Println("\nbalances check: FAIL")
 		return errors.New("balances check failed")
 	}
 	fmt.Printf("\nbalances check: OK — %d accounts, each grew by exactly its distinct deposits; %d bad messages in %s\n",
-		len(accounts), bad, o.queue+".dlq")
+		len(accounts), r.bad, deadletters.QueueName(r.o.queue))
 	return nil
 }
 

@@ -3,7 +3,7 @@
 // idem stands between a redelivered message and a wrong balance.
 //
 //	go run ./examples/quickstart worker  [-queue quickstart.deposits] [-schema quickstart] [-partitions 8] [-health-addr 127.0.0.1:8081]
-//	go run ./examples/quickstart publish [-n 10000] [-dup 0.3] [-partitions 8]
+//	go run ./examples/quickstart publish [-n 10000] [-dup 0.3] [-partitions 8] [-run NAME]
 //	go run ./examples/quickstart demo    [-n 10000] [-dup 0.3]
 //
 // Messages are JSON {"account":"A1","amount":5} with the AMQP message-id set.
@@ -49,7 +49,7 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("quickstart "+args[0], flag.ContinueOnError)
 	o := options{pgURL: env("IDEM_PG_URL", "postgres://root@127.0.0.1:5432/test?sslmode=disable")}
 	amqpURL := env("IDEM_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	fs.StringVar(&amqpURL, "amqp-url", amqpURL, "RabbitMQ URL, or a cluster's node URLs separated by commas (default: $IDEM_AMQP_URL)")
+	fs.Var(secretURL{&amqpURL}, "amqp-url", "RabbitMQ `URL`, or a cluster's node URLs separated by commas ($IDEM_AMQP_URL sets the default)")
 	fs.StringVar(&o.queue, "queue", "quickstart.deposits", "queue to consume / publish to")
 	fs.IntVar(&o.partitions, "partitions", 0, "partitions of the queue (consumer.Config.Partitions): one account's deposits stay in order across worker processes")
 	fs.StringVar(&o.schema, "schema", "quickstart", "schema for idem's tables and the balances")
@@ -58,6 +58,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.accounts, "accounts", 20, "number of accounts")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "worker: serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	fs.StringVar(&o.healthAddr, "health-addr", "", "worker: serve GET /healthz and /readyz on this address (e.g. 127.0.0.1:8081)")
+	fs.StringVar(&o.run, "run", "", "publish: the run's name, from which its deposits' ids and amounts derive; publishing again with the same -run sends the same deposits, applied once (default: a random name, logged)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -84,6 +85,7 @@ type options struct {
 	amqpURLs                []string // the broker's nodes
 	metricsAddr             string
 	healthAddr              string
+	run                     string // publish: the run's name (see publish)
 	n, accounts, partitions int
 	dup                     float64
 }
@@ -94,3 +96,17 @@ func env(key, def string) string {
 	}
 	return def
 }
+
+// secretURL is a flag holding a URL, or a list of URLs, that may carry a
+// password: its default shows in -h and in the usage text of a mistyped
+// flag, which may land in a container's logs, so it shows redacted.
+type secretURL struct{ p *string }
+
+func (f secretURL) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return amqpnodes.Redact(*f.p)
+}
+
+func (f secretURL) Set(s string) error { *f.p = s; return nil }

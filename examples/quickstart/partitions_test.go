@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/idemkit/idem/internal/testbroker"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // The demo with -partitions: the worker consumes 4 partitions behind the

@@ -6,12 +6,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	mrand "math/rand/v2"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/partitions"
 )
@@ -24,8 +26,11 @@ type published struct {
 
 // publish sends o.n deposits with unique ids, about o.dup of them a second
 // time with the same id and body, and waits until the broker stored them
-// all (amqpnodes.Publisher: publisher confirms, and a nacked deposit
-// published again through a new connection).
+// all (amqpnodes.Publisher: publisher confirms; a deposit not confirmed,
+// nacked or on a node that died, is published again through another node,
+// under the same id). The ids and amounts derive from the run's name
+// (o.run, random when empty): publishing again under the same name sends
+// the same deposits, which the worker applies once.
 func publish(ctx context.Context, o options, logger *slog.Logger) (published, error) {
 	res := published{expected: map[string]int64{}}
 	pub, err := amqpnodes.NewPublisher(ctx, o.amqpURLs)
@@ -33,9 +38,17 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 		return res, fmt.Errorf("connect to rabbitmq: %w", err)
 	}
 	defer pub.Close()
-	var run [4]byte
-	_, _ = rand.Read(run[:])
-	prefix := "dep-" + hex.EncodeToString(run[:])
+	run := o.run
+	if run == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		run = hex.EncodeToString(b[:])
+	}
+	seed := fnv.New64a()
+	_, _ = seed.Write([]byte(run))
+	rng := mrand.New(mrand.NewPCG(seed.Sum64(), 0))
+	prefix := "dep-" + run
+	logger.Info("publishing", "deposits", o.n, "run", run, "id_prefix", prefix)
 	start := time.Now()
 	send := func(id, account string, body []byte) error {
 		// To the queue, or with -partitions to its exchange with the
@@ -46,14 +59,16 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 	}
 	for i := 0; i < o.n; i++ {
 		account := fmt.Sprintf("A%d", i%o.accounts+1)
-		amount := int64(mrand.IntN(100) + 1)
+		amount := int64(rng.IntN(100) + 1)
 		body, _ := json.Marshal(map[string]any{"account": account, "amount": amount})
-		id := fmt.Sprintf("%s-%d", prefix, i)
+		// Time-ordered (a UUIDv7 after the run's prefix): each claim
+		// inserts at the right edge of the run's range of the inbox index.
+		id := prefix + "-" + idem.NewMessageID()
 		res.expected[account] += amount
 		if err := send(id, account, body); err != nil {
 			return res, err
 		}
-		if mrand.Float64() < o.dup {
+		if rng.Float64() < o.dup {
 			if err := send(id, account, body); err != nil { // the producer retried
 				return res, err
 			}
@@ -63,6 +78,6 @@ func publish(ctx context.Context, o options, logger *slog.Logger) (published, er
 		return res, err
 	}
 	logger.Info("published", "deposits", o.n, "messages", res.messages, "duplicates", res.messages-o.n,
-		"queue", o.queue, "id_prefix", prefix, "took", time.Since(start).Round(time.Millisecond))
+		"queue", o.queue, "run", run, "id_prefix", prefix, "took", time.Since(start).Round(time.Millisecond))
 	return res, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/migrate"
+	"github.com/idemkit/idem/pgnodes"
 	"github.com/idemkit/idem/prommetrics"
 )
 
@@ -27,7 +28,9 @@ type deposit struct {
 // setup connects, migrates idem's tables into the schema and creates the
 // balances table.
 func setup(ctx context.Context, o options) (*pgxpool.Pool, idem.Tables, error) {
-	pool, err := pgxpool.New(ctx, o.pgURL)
+	// pgnodes: a host that stops answering costs seconds (a connect
+	// timeout per host of a multi-host URL, TCP keepalives).
+	pool, err := pgnodes.New(ctx, o.pgURL)
 	if err != nil {
 		return nil, idem.Tables{}, fmt.Errorf("connect to postgres: %w", err)
 	}
@@ -97,6 +100,7 @@ func worker(ctx context.Context, o options, logger *slog.Logger) error {
 		return err
 	}
 	defer metrics.Close()
+	metrics.SetGlobal() // the components below take the global provider
 	pool, tables, err := setup(ctx, o)
 	if err != nil {
 		return err

@@ -131,17 +131,23 @@ func (m *Middleware) Bulk(b Bulk, h ItemHandler) http.Handler {
 const (
 	bulkLockTimeoutSQL = `SELECT set_config('lock_timeout', $1, true)`
 
+	// bulkDeleteExpiredSQL deletes the expired item records that are
+	// forgotten: all of them when the route keeps no tombstones ($2), else
+	// those whose tombstone has passed.
 	bulkDeleteExpiredSQL = `DELETE FROM {keys} WHERE key_id IN (
-	SELECT key_id FROM {keys} WHERE key_id = ANY($1::bytea[]) AND expires_at <= now() ORDER BY key_id FOR UPDATE)`
+	SELECT key_id FROM {keys} WHERE key_id = ANY($1::bytea[]) AND expires_at <= now()
+		AND ($2 OR coalesce(forget_at, expires_at) <= now())
+	ORDER BY key_id FOR UPDATE)`
 
 	bulkClaimSQL = `INSERT INTO {keys}
-	(key_id, tenant, caller, operation, idempotency_key, fingerprint, lock_owner, locked_until, expires_at)
-SELECT u.key_id, $4, $5, $6, u.item_key, u.fingerprint, $7, now() + $8 * interval '1 microsecond', now() + $9 * interval '1 microsecond'
+	(key_id, tenant, caller, operation, idempotency_key, fingerprint, lock_owner, locked_until, expires_at, forget_at)
+SELECT u.key_id, $4, $5, $6, u.item_key, u.fingerprint, $7, now() + $8 * interval '1 microsecond', now() + $9 * interval '1 microsecond',
+	now() + $10 * interval '1 microsecond'
 FROM unnest($1::bytea[], $2::text[], $3::bytea[]) AS u(key_id, item_key, fingerprint)
 ORDER BY u.key_id
 ON CONFLICT (key_id) DO NOTHING`
 
-	bulkExistingSQL = `SELECT key_id, fingerprint, state, coalesce(body, '{}'::bytea) FROM {keys}
+	bulkExistingSQL = `SELECT key_id, fingerprint, state, expires_at <= now(), coalesce(body, '{}'::bytea) FROM {keys}
 WHERE key_id = ANY($1::bytea[]) AND lock_owner IS DISTINCT FROM $2`
 
 	bulkCompleteSQL = `UPDATE {keys}
@@ -180,6 +186,7 @@ type bulkItem struct {
 type storedItem struct {
 	fingerprint []byte
 	state       KeyState
+	expired     bool   // its tombstone lasts: refuse the item key
 	result      []byte // the members the handler returned, as a JSON object
 }
 
@@ -250,7 +257,7 @@ func (b *bulk) parse(ctx context.Context, r *http.Request) ([]bulkItem, error) {
 		}
 		seen[key] = i
 		c := &Claim{id: scopeID(op.tenant, op.caller, b.cfg.ItemOperation, key), tenant: op.tenant, caller: op.caller,
-			operation: b.cfg.ItemOperation, key: key, owner: op.owner, expiry: op.expiry}
+			operation: b.cfg.ItemOperation, key: key, owner: op.owner, expiry: op.expiry, tombstone: op.tombstone}
 		items[i] = bulkItem{raw: raw, claim: c, fp: itemFingerprint(c, raw)}
 	}
 	return items, nil
@@ -266,16 +273,16 @@ func (b *bulk) claim(ctx context.Context, tx pgx.Tx, items []bulkItem) (map[idem
 	op := FromContext(ctx)
 	batch := &pgx.Batch{}
 	batch.Queue(b.sql.lockTimeout, strconv.FormatInt(b.m.cfg.Lease.Milliseconds(), 10)+"ms")
-	batch.Queue(b.sql.deleteExpired, ids)
+	batch.Queue(b.sql.deleteExpired, ids, op.tombstone == 0)
 	batch.Queue(b.sql.claim, ids, keys, fps, op.tenant, op.caller, b.cfg.ItemOperation, op.owner,
-		b.m.cfg.Lease.Microseconds(), op.expiry.Microseconds())
+		b.m.cfg.Lease.Microseconds(), op.expiry.Microseconds(), (op.expiry + op.tombstone).Microseconds())
 	stored := map[idem.Hash]storedItem{}
 	var (
 		id []byte
 		s  storedItem
 	)
 	batch.Queue(b.sql.existing, ids, op.owner).Query(func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&id, &s.fingerprint, &s.state, &s.result}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &s.fingerprint, &s.state, &s.expired, &s.result}, func() error {
 			h, err := idem.HashFromBytes(id)
 			stored[h] = s
 			return err
@@ -300,6 +307,9 @@ func (b *bulk) claim(ctx context.Context, tx pgx.Tx, items []bulkItem) (map[idem
 func (b *bulk) runItem(ctx context.Context, tx pgx.Tx, it bulkItem, stored map[idem.Hash]storedItem) ([]byte, ItemStatus, error) {
 	if prev, ok := stored[it.claim.id]; ok {
 		switch {
+		case prev.expired:
+			return b.refused(it, ItemRejected, Problem(http.StatusUnprocessableEntity, CodeKeyExpired,
+				"this itemKey expired and its item may have taken effect; send the item again with a new itemKey"))
 		case !bytes.Equal(prev.fingerprint, it.fp[:]):
 			return b.refused(it, ItemRejected, Problem(http.StatusUnprocessableEntity, CodeKeyReused,
 				"this itemKey was accepted before for a different item"))

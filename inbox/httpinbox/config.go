@@ -1,10 +1,10 @@
 package httpinbox
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/configerr"
 )
 
 // Defaults of Config.
@@ -22,18 +23,30 @@ const (
 	DefaultMaxRequestBytes    = 1 << 20
 	DefaultMaxStoredBodyBytes = 64 << 10
 	DefaultRetryAfter         = time.Second
+	DefaultTombstone          = 7 * 24 * time.Hour
 )
+
+// NoTombstone, as Config.Tombstone, Route.Tombstone or Webhook.Tombstone,
+// forgets a key at its expiry: a request that comes later with it runs as
+// a new request.
+const NoTombstone time.Duration = -1
 
 // maxScopeLength bounds tenant and caller values, which may come from
 // headers.
 const maxScopeLength = 255
 
-// DefaultStoredHeaders are the response headers stored and replayed when
+// defaultStoredHeaders are the response headers stored and replayed when
 // Config.StoredHeaders is nil.
-var DefaultStoredHeaders = []string{"Content-Type", "Content-Language", "ETag", "Last-Modified", "Link", "Location", "Retry-After"}
+var defaultStoredHeaders = [...]string{"Content-Type", "Content-Language", "ETag", "Last-Modified", "Link", "Location", "Retry-After"}
 
-// ErrConfig is returned (wrapped) by New for an unusable Config.
-var ErrConfig = errors.New("httpinbox: invalid config")
+// DefaultStoredHeaders returns the response headers stored and replayed
+// when Config.StoredHeaders is nil, in a new slice the caller may change
+// (to add a header to the defaults, append to it).
+func DefaultStoredHeaders() []string { return slices.Clone(defaultStoredHeaders[:]) }
+
+// ErrConfig is returned (wrapped) by New for an unusable Config. It matches
+// idem.ErrConfig.
+var ErrConfig = configerr.New("httpinbox: invalid config")
 
 // ErrNoScope is returned by New for a Config without a Caller or Tenant
 // function and without SharedScope: such a middleware would put every
@@ -52,11 +65,11 @@ type Config struct {
 	// caller's stored responses by guessing keys. Values must be valid UTF-8
 	// without NUL, at most 255 bytes. Default: none; see SharedScope.
 	Caller func(*http.Request) string
-	// Expiry is how long a key is kept after its first request; a request
-	// that arrives later with the same key runs as new. It must exceed the
-	// longest horizon over which clients retry (see docs/http.md). A key
-	// whose outcome is unknown is kept past it, until an operator resolves
-	// it. Default: 24h.
+	// Expiry is how long a key protects its request after the first one:
+	// until then a retry receives the stored response. It must exceed the
+	// longest horizon over which clients retry (see docs/http.md). What a
+	// request that comes later gets is Tombstone's. A key whose outcome is
+	// unknown is kept past it, until an operator resolves it. Default: 24h.
 	Expiry time.Duration
 	// Lease is how long a started request owns its key before another
 	// request with the key may take it over. A running handler keeps the
@@ -98,10 +111,21 @@ type Config struct {
 	SharedScope bool
 	// StoredHeaders lists the response headers stored with a response and
 	// sent again on replay; others reach the first caller only. Default:
-	// DefaultStoredHeaders.
+	// DefaultStoredHeaders().
 	StoredHeaders []string
 	// Tables says where the http_keys table lives. Default: idem's defaults.
 	Tables idem.Tables
+	// Tombstone is how long a key is remembered after its Expiry: a request
+	// that comes with it in that time is refused with 422
+	// IDEMPOTENCY_KEY_EXPIRED, and its handler does not run, because the
+	// stored outcome may already have taken effect. Once the tombstone has
+	// passed, a request with the key runs as a new request, and cleanup
+	// deletes the record. A key whose request never committed (started) is
+	// not refused: it runs. The record is kept whole meanwhile, so the
+	// table holds Expiry + Tombstone of keys. NoTombstone (-1) forgets a
+	// key at its expiry. Route.Tombstone and Webhook.Tombstone override it
+	// per endpoint. Default: DefaultTombstone, 7 days.
+	Tombstone time.Duration
 	// Tenant returns the tenant a request belongs to; keys are scoped per
 	// tenant. Like Caller it MUST come from authentication, not from a value
 	// the client chooses freely. Values must be valid UTF-8 without NUL, at
@@ -144,11 +168,14 @@ func (c Config) withDefaults() Config {
 	if c.RetryAfter == 0 {
 		c.RetryAfter = DefaultRetryAfter
 	}
+	if c.Tombstone == 0 {
+		c.Tombstone = DefaultTombstone
+	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}
 	if c.StoredHeaders == nil {
-		c.StoredHeaders = DefaultStoredHeaders
+		c.StoredHeaders = DefaultStoredHeaders()
 	}
 	c.Tables = c.Tables.WithDefaults()
 	return c
@@ -175,6 +202,8 @@ func (c Config) validate() error {
 	case c.Expiry < 0, c.Lease < 0, c.MaxKeyLength < 0, c.MaxRequestBytes < 0,
 		c.MaxStoredBodyBytes < 0, c.NewKeysPerMinute < 0, c.RetryAfter < 0, c.Wait < 0:
 		return fmt.Errorf("%w: negative duration or limit", ErrConfig)
+	case !validTombstone(c.Tombstone):
+		return fmt.Errorf("%w: tombstone %s: want a positive duration, or NoTombstone (-1)", ErrConfig, c.Tombstone)
 	case c.Lease < time.Millisecond:
 		return fmt.Errorf("%w: lease %s is shorter than 1ms", ErrConfig, c.Lease)
 	case c.Expiry <= c.Lease:
@@ -184,4 +213,17 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
+}
+
+// validTombstone reports whether d can be a record's tombstone: a positive
+// duration, or NoTombstone.
+func validTombstone(d time.Duration) bool { return d > 0 || d == NoTombstone }
+
+// tombstoneOf is the tombstone of an endpoint whose own setting is d (0 for
+// the Config's, def), as a duration to add to the expiry: 0 when off.
+func tombstoneOf(d, def time.Duration) time.Duration {
+	if d == 0 {
+		d = def
+	}
+	return max(d, 0)
 }

@@ -118,9 +118,7 @@ func TestCleanupDeletesOnlyExpiredKeysInChunks(t *testing.T) {
 	for _, k := range []string{"a", "b", "c", "d", "e", "live1", "live2"} {
 		require.Equal(t, http.StatusCreated, post(h, k, `{"amount": 1}`).Code)
 	}
-	_, err := f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+
-		` SET expires_at = now() - interval '1 minute' WHERE idempotency_key NOT LIKE 'live%'`)
-	require.NoError(t, err)
+	f.elapse(forgotten, "idempotency_key NOT LIKE 'live%'")
 
 	n, err := f.m.Cleanup(context.Background(), 2)
 	require.NoError(t, err)
@@ -153,9 +151,7 @@ func TestMetricsCountEachOutcome(t *testing.T) {
 		httpinbox.KeyID("", "test-client", "payments.create", "busy"))
 	require.NoError(t, err)
 	requireProblem(t, post(h, "busy", `{"amount": 1}`), http.StatusConflict, httpinbox.CodeInProgress)
-	_, err = f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+
-		` SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'k1'`)
-	require.NoError(t, err)
+	f.elapse(forgotten, "idempotency_key = 'k1'")
 	n, err := f.m.Cleanup(context.Background(), 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, n) // expired

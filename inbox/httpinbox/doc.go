@@ -54,6 +54,12 @@
 // record therefore proves that the handler's transaction did not commit; the
 // database, not the middleware's memory, decides.
 //
+// A key protects its request until its expiry (Config.Expiry). Then its
+// record stays as a tombstone for Config.Tombstone (7 days by default):
+// a request with the key is refused with 422 IDEMPOTENCY_KEY_EXPIRED and
+// runs nothing, because the first request may have taken effect. Only
+// after that is the key forgotten, and cleanup deletes the record.
+//
 // # Scope
 //
 // A key is never global: it belongs to the (tenant, caller) that sent it,
@@ -129,7 +135,10 @@
 // outcome, which waits for an operator), and likewise
 // idem.http_operations.oldest_in_progress_age and
 // idem.http_operations.oldest_unknown_age for the operations a worker moves.
-// Keys lists, shows and resolves key records without a Middleware, and
+// Keys lists (a page at a time: KeyFilter.After, KeyRecord.Cursor), shows
+// and resolves key records without a Middleware, one (Resolve), several
+// (ResolveMany) or every one a state selects (ResolveWhere), each with its
+// own audit row; and
 // Operations (List, History, Resolve, Stats) does the same for operations;
 // the `idem http-keys` and `idem operations` commands are built on them.
 package httpinbox

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 )
 
 // A report takes long to build: the request is answered 202 with where to

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/exampleenv"
+	"github.com/idemkit/idem/internal/testkit/exampleenv"
 )
 
 // A payments endpoint behind the middleware: the first request runs the

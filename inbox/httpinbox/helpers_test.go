@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,7 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 )
 
 // fixture is a fresh schema with a payments table, a Middleware on it, and a
@@ -162,3 +163,25 @@ func requireProblem(t *testing.T, rec *httptest.ResponseRecorder, status int, co
 	require.Equal(t, httpinbox.ProblemType(code), p["type"])
 	require.EqualValues(t, status, p["status"])
 }
+
+// elapse moves the key records that match where (every record when "") d
+// into the past, as if d had passed: their creation, lease, completion,
+// expiry and tombstone.
+func (f *fixture) elapse(d time.Duration, where string) {
+	f.t.Helper()
+	if where == "" {
+		where = "true"
+	}
+	_, err := f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+` SET
+		created_at = created_at - $1 * interval '1 microsecond',
+		locked_until = locked_until - $1 * interval '1 microsecond',
+		completed_at = completed_at - $1 * interval '1 microsecond',
+		expires_at = expires_at - $1 * interval '1 microsecond',
+		forget_at = forget_at - $1 * interval '1 microsecond'
+	WHERE `+where, d.Microseconds())
+	require.NoError(f.t, err)
+}
+
+// forgotten is how long after its first request a record of the default
+// Config is forgotten: its expiry and its tombstone, and a minute.
+const forgotten = httpinbox.DefaultExpiry + httpinbox.DefaultTombstone + time.Minute

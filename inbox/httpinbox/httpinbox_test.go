@@ -474,9 +474,11 @@ func TestNewKeysPerCallerAreLimited(t *testing.T) {
 	require.Equal(t, 3, f.count())
 }
 
-func TestExpiredKeyRunsAsNew(t *testing.T) {
+// With NoTombstone a key is forgotten at its expiry, as it was before
+// tombstones: a retry after it runs as a new request.
+func TestExpiredKeyRunsAsNewWithoutATombstone(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, httpinbox.Config{})
+	f := newFixture(t, httpinbox.Config{Tombstone: httpinbox.NoTombstone})
 	h := f.handler(httpinbox.Route{})
 	require.Equal(t, http.StatusCreated, post(h, "k1", `{"amount": 1}`).Code)
 	_, err := f.pool.Exec(context.Background(), `UPDATE `+f.tables.Table("http_keys")+` SET expires_at = now() - interval '1 second'`)
@@ -495,6 +497,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{Expiry: time.Second, Lease: time.Minute},
 		{Wait: -time.Second},
 		{NewKeysPerMinute: -1},
+		{SharedScope: true, Tombstone: -2 * time.Hour},
 	} {
 		_, err := httpinbox.New(nil, cfg)
 		require.ErrorIs(t, err, httpinbox.ErrConfig)

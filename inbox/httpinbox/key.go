@@ -28,7 +28,8 @@ type Claim struct {
 	operation string
 	key       string
 	owner     [16]byte      // lease owner token of this attempt
-	expiry    time.Duration // how long the record is kept
+	expiry    time.Duration // how long the record protects the key
+	tombstone time.Duration // how long after expiry it refuses the key; 0: not at all
 }
 
 // KeyID returns the stable id of the key's scope: KeyID(tenant, caller,

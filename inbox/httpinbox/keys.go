@@ -6,14 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/keyset"
 )
 
 // KeyState is the state of a key's record.
@@ -37,18 +38,15 @@ const (
 	KeyUnknown KeyState = "unknown"
 )
 
-// KeyStates lists every state, in the order of a record's life.
-var KeyStates = []KeyState{KeyStarted, KeyCompleted, KeyFailedReplayable, KeyUnknown}
+// keyStates is every state, in the order of a record's life.
+var keyStates = [...]KeyState{KeyStarted, KeyCompleted, KeyFailedReplayable, KeyUnknown}
+
+// KeyStates returns every state, in the order of a record's life, in a new
+// slice the caller may change.
+func KeyStates() []KeyState { return slices.Clone(keyStates[:]) }
 
 // Valid reports whether s is one of KeyStates.
-func (s KeyState) Valid() bool {
-	for _, v := range KeyStates {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
+func (s KeyState) Valid() bool { return slices.Contains(keyStates[:], s) }
 
 // Errors of the operator functions (Keys).
 var (
@@ -59,6 +57,11 @@ var (
 	// ErrKeyNotResolvable: the record's state cannot move where the
 	// resolution asks (a stored response is never thrown away).
 	ErrKeyNotResolvable = errors.New("httpinbox: this key cannot be resolved so")
+	// ErrKeyResolved: an operator resolved the key already, at the same
+	// moment as this resolution or before it; it comes as a
+	// *ResolvedError saying who, when and how, and matches
+	// ErrKeyNotResolvable too when the record cannot move so any more.
+	ErrKeyResolved = errors.New("httpinbox: an operator resolved the key already")
 )
 
 // KeyRecord is one record of the http_keys table, as an operator sees it.
@@ -92,23 +95,38 @@ type KeyRecord struct {
 	ResourceID string
 	// CreatedAt is the first request's time, CompletedAt the commit of the
 	// stored response (zero while started), ExpiresAt when the record stops
-	// protecting the key.
+	// protecting the key, ForgetAt when its tombstone ends (a request with
+	// the key is refused from ExpiresAt to ForgetAt) and cleanup may delete
+	// it; ForgetAt is ExpiresAt without a tombstone.
 	CreatedAt   time.Time
 	CompletedAt time.Time
 	ExpiresAt   time.Time
+	ForgetAt    time.Time
 }
 
-// KeyFilter selects records for Keys.List. Empty fields select all.
+// KeyFilter selects records for Keys.List and Keys.ResolveWhere. Empty
+// fields select all.
 type KeyFilter struct {
+	// State keeps records in this state; ResolveWhere requires it.
 	State     KeyState
 	Tenant    string
 	Caller    string
 	Operation string
 	// Key is the idempotency key as the client sent it.
 	Key string
-	// Limit is the most records returned. Default: 100.
+	// After continues a listing after the record whose Cursor it is:
+	// pages are in the order records were created (created_at, then key
+	// id), and a record created or changed meanwhile neither repeats nor
+	// shifts the pages. Empty starts with the oldest.
+	After string
+	// Limit is the most records returned (ResolveWhere: resolved per
+	// page). Default: 100.
 	Limit int
 }
+
+// Cursor returns the position of r in a listing, for KeyFilter.After: the
+// next page starts after r.
+func (r KeyRecord) Cursor() string { return keyset.Encode(r.CreatedAt, r.KeyID) }
 
 // KeyResolution is an operator's decision about a key.
 type KeyResolution struct {
@@ -123,6 +141,12 @@ type KeyResolution struct {
 	Reason string
 	// Operator says who decided. Required.
 	Operator string
+	// From, when set, is the state the operator saw the record in: a
+	// record that has moved on since (its request finished, another
+	// operator resolved it) is refused with ErrKeyNotResolvable rather
+	// than resolved on what the operator no longer sees. ResolveWhere sets
+	// it to its filter's state.
+	From KeyState
 }
 
 // KeyAudit is one operator decision about a key.
@@ -151,14 +175,15 @@ type KeyStats struct {
 
 const keyColumns = `key_id, tenant, caller, operation, idempotency_key, state, fingerprint, attempts,
 	coalesce(lock_owner::text, ''), locked_until, coalesce(status_code, 0), coalesce(headers, '{}'::jsonb),
-	body, body_omitted, resource_id, created_at, completed_at, expires_at`
+	body, body_omitted, resource_id, created_at, completed_at, expires_at, coalesce(forget_at, expires_at)`
 
 const (
-	listKeysSQL = `SELECT ` + keyColumns + ` FROM {keys}
-WHERE ($1 = '' OR state = $1) AND ($2 = '' OR tenant = $2) AND ($3 = '' OR caller = $3)
-	AND ($4 = '' OR operation = $4) AND ($5 = '' OR idempotency_key = $5)
-ORDER BY created_at, key_id
-LIMIT $6`
+	// listKeysSQL reads a page in (created_at, key_id) order: after the
+	// cursor $7, $8 when $7 is set, created at or before $9 when set.
+	// listKeysSQL reads a page of records in (created_at, key_id) order,
+	// under the conditions of the filter's set fields (keyset.Where),
+	// through the index that matches them (migration 0021).
+	listKeysSQL = `SELECT ` + keyColumns + ` FROM {keys}`
 
 	getKeySQL = `SELECT ` + keyColumns + ` FROM {keys} WHERE key_id = $1`
 
@@ -196,9 +221,11 @@ RETURNING ` + keyColumns
 	coalesce(extract(epoch FROM now() - (SELECT min(completed_at) FROM {keys} WHERE state = 'unknown')), 0)::float8`
 )
 
-// keySQL holds the operator statements for one set of tables.
+// keySQL holds the operator statements for one set of tables, and the
+// table's name, which names its operators' advisory locks.
 type keySQL struct {
-	list, get, lock, resolve, audit, history, counts, ages string
+	list, get, lock, resolve, audit, history, counts, ages, table string
+	turn                                                          turnStatements
 }
 
 func newKeySQL(t idem.Tables) keySQL {
@@ -206,7 +233,8 @@ func newKeySQL(t idem.Tables) keySQL {
 	return keySQL{
 		list: r.Replace(listKeysSQL), get: r.Replace(getKeySQL), lock: r.Replace(lockKeySQL),
 		resolve: r.Replace(resolveKeySQL), audit: r.Replace(keyAuditSQL), history: r.Replace(keyHistorySQL),
-		counts: r.Replace(keyCountsSQL), ages: r.Replace(keyAgesSQL),
+		counts: r.Replace(keyCountsSQL), ages: r.Replace(keyAgesSQL), table: t.Table("http_keys"),
+		turn: newTurnStatements(t.Table("http_keys_audit"), "key_id"),
 	}
 }
 
@@ -227,15 +255,36 @@ func NewKeys(pool *pgxpool.Pool, tables idem.Tables) (*Keys, error) {
 	return &Keys{pool: pool, sql: newKeySQL(tables)}, nil
 }
 
-// List returns the records that match f, oldest first.
+// List returns a page of the records that match f, oldest first: at most
+// f.Limit, after f.After. When it returns f.Limit records, the next page
+// starts after the last one's Cursor.
 func (k *Keys) List(ctx context.Context, f KeyFilter) ([]KeyRecord, error) {
+	return k.list(ctx, f, time.Time{})
+}
+
+// list is List of the records created at or before end, when end is set.
+func (k *Keys) list(ctx context.Context, f KeyFilter, end time.Time) ([]KeyRecord, error) {
 	if f.State != "" && !f.State.Valid() {
 		return nil, fmt.Errorf("httpinbox: list keys: unknown state %q", f.State)
 	}
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := k.pool.Query(ctx, k.sql.list, string(f.State), f.Tenant, f.Caller, f.Operation, f.Key, f.Limit)
+	var w keyset.Where
+	w.Equal("state", string(f.State))
+	w.Equal("tenant", f.Tenant)
+	w.Equal("caller", f.Caller)
+	w.Equal("operation", f.Operation)
+	w.Equal("idempotency_key", f.Key)
+	err := w.After(f.After, "created_at", "key_id", "bytea", func(id string) (any, error) { return hex.DecodeString(id) })
+	if err != nil {
+		return nil, fmt.Errorf("httpinbox: list keys: after %q: %w", f.After, keyset.ErrCursor)
+	}
+	if !end.IsZero() {
+		w.Add("created_at <= " + w.Arg(end) + "::timestamptz")
+	}
+	sql := k.sql.list + w.SQL() + " ORDER BY created_at, key_id LIMIT " + w.Arg(f.Limit)
+	rows, err := k.pool.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("httpinbox: list keys: %w", err)
 	}
@@ -281,66 +330,6 @@ func (k *Keys) History(ctx context.Context, keyID string) ([]KeyAudit, error) {
 	return out, nil
 }
 
-// Resolve applies r to the record keyID and writes an audit row (who, when,
-// from which state to which, why) in the same transaction. An unknown
-// outcome may be confirmed (KeyCompleted) or handed back (KeyStarted); a
-// started key may be handed back. A record a handler's transaction holds
-// fails with ErrKeyInFlight; a stored completed or failed_replayable
-// response, or another move, fails with ErrKeyNotResolvable.
-func (k *Keys) Resolve(ctx context.Context, keyID string, r KeyResolution) (KeyRecord, error) {
-	if r.As != KeyCompleted && r.As != KeyStarted {
-		return KeyRecord{}, fmt.Errorf("httpinbox: resolve key %s: cannot resolve as %q (want completed or started)", keyID, r.As)
-	}
-	if strings.TrimSpace(r.Reason) == "" || strings.TrimSpace(r.Operator) == "" {
-		return KeyRecord{}, fmt.Errorf("httpinbox: resolve key %s: a reason and an operator are required", keyID)
-	}
-	id, err := parseKeyID(keyID)
-	if err != nil {
-		return KeyRecord{}, err
-	}
-	var out KeyRecord
-	err = pgx.BeginFunc(ctx, k.pool, func(tx pgx.Tx) error {
-		var from KeyState
-		err := tx.QueryRow(ctx, k.sql.lock, id).Scan(&from)
-		var pe *pgconn.PgError
-		switch {
-		case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available
-			return ErrKeyInFlight
-		case err != nil:
-			return keyNotFound(err)
-		}
-		if !resolvable(from, r.As) {
-			return fmt.Errorf("%w: it is %s, and %s can only become %s", ErrKeyNotResolvable, from, from, resolutionsOf(from))
-		}
-		if out, err = scanKey(tx.QueryRow(ctx, k.sql.resolve, id, from, r.As)); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, k.sql.audit, id, r.Operator, from, r.As, r.Reason)
-		return err
-	})
-	if err != nil {
-		return KeyRecord{}, fmt.Errorf("httpinbox: resolve key %s: %w", keyID, err)
-	}
-	return out, nil
-}
-
-// resolvable reports whether an operator may move a record from one state
-// to another.
-func resolvable(from, to KeyState) bool {
-	return from == KeyUnknown || (from == KeyStarted && to == KeyStarted)
-}
-
-// resolutionsOf says where a record in state s may be resolved to.
-func resolutionsOf(s KeyState) string {
-	switch s {
-	case KeyUnknown:
-		return "completed or started"
-	case KeyStarted:
-		return "started (handed back)"
-	}
-	return "nothing: its response is stored"
-}
-
 // Stats counts records by state and measures what waits.
 func (k *Keys) Stats(ctx context.Context) (KeyStats, error) {
 	s := KeyStats{Counts: map[KeyState]int64{}}
@@ -383,7 +372,7 @@ func scanKey(row pgx.Row) (KeyRecord, error) {
 	)
 	err := row.Scan(&id, &r.Tenant, &r.Caller, &r.Operation, &r.Key, &r.State, &fp, &r.Attempts,
 		&r.LockOwner, &lockedUntil, &r.Status, &r.Header, &r.Body, &r.BodyOmitted, &r.ResourceID,
-		&r.CreatedAt, &completedAt, &r.ExpiresAt)
+		&r.CreatedAt, &completedAt, &r.ExpiresAt, &r.ForgetAt)
 	if err != nil {
 		return KeyRecord{}, err
 	}

@@ -108,7 +108,7 @@ func TestUnknownKeyOutlivesItsExpiryUntilResolved(t *testing.T) {
 	_, err = f.keys().Resolve(ctx, httpinbox.KeyID("", "test-client", "payments.create", "k1"), httpinbox.KeyResolution{
 		As: httpinbox.KeyCompleted, Reason: "the provider confirmed it", Operator: "alice"})
 	require.NoError(t, err)
-	expire()
+	f.elapse(forgotten, "")
 	n, err = f.m.Cleanup(ctx, 10)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "once resolved, the record expires like any other")

@@ -22,18 +22,19 @@ const instrumentation = "github.com/idemkit/idem/inbox/httpinbox"
 // by method, scheme, route and status. The gauges are read from the tables
 // when the metrics are collected.
 type metrics struct {
-	meter        metric.Meter
-	inProgAge    metric.Float64ObservableGauge // age of the oldest started key
-	unknownAge   metric.Float64ObservableGauge // age of the oldest unknown outcome
-	opInProgAge  metric.Float64ObservableGauge // age of the oldest operation accepted or running
-	opUnknownAge metric.Float64ObservableGauge // age of the oldest unknown operation
-	duration     httpconv.ServerRequestDuration
-	started      metric.Int64Counter // handler runs begun (first requests and takeovers)
-	replayed     metric.Int64Counter // stored responses sent again
-	conflict     metric.Int64Counter // keys reused with a different fingerprint (422)
-	inProgress   metric.Int64Counter // requests answered 409
-	expired      metric.Int64Counter // records removed because they expired
-	unknown      metric.Int64Counter // outcomes the server cannot prove
+	meter          metric.Meter
+	inProgAge      metric.Float64ObservableGauge // age of the oldest started key
+	unknownAge     metric.Float64ObservableGauge // age of the oldest unknown outcome
+	opInProgAge    metric.Float64ObservableGauge // age of the oldest operation accepted or running
+	opUnknownAge   metric.Float64ObservableGauge // age of the oldest unknown operation
+	duration       httpconv.ServerRequestDuration
+	started        metric.Int64Counter // handler runs begun (first requests and takeovers)
+	replayed       metric.Int64Counter // stored responses sent again
+	conflict       metric.Int64Counter // keys reused with a different fingerprint (422)
+	inProgress     metric.Int64Counter // requests answered 409
+	expired        metric.Int64Counter // records removed because they expired and were forgotten
+	expiredRefused metric.Int64Counter // requests refused because their key expired (422)
+	unknown        metric.Int64Counter // outcomes the server cannot prove
 
 	signatureRejected metric.Int64Counter // webhooks refused for their signature, by reason
 	bulkItems         metric.Int64Counter // bulk items answered, by item operation and status
@@ -57,7 +58,9 @@ func newMetrics(mp metric.MeterProvider) (metrics, error) {
 	m.replayed = counter("idem.http_keys.replayed", "Requests answered with a stored response.")
 	m.conflict = counter("idem.http_keys.conflict", "Idempotency keys reused with a different request (422).")
 	m.inProgress = counter("idem.http_keys.in_progress", "Requests answered 409 because their key was in progress.")
-	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired.")
+	m.expired = counter("idem.http_keys.expired", "Idempotency key records removed after they expired and their tombstone passed.")
+	m.expiredRefused = counter("idem.http_keys.expired_refused",
+		"Requests refused (422) because their idempotency key expired while its tombstone lasts.")
 	m.unknown = counter("idem.http_keys.unknown", "Requests whose outcome the server cannot prove.")
 	m.bulkItems = counter("idem.bulk.items",
 		"Items of bulk requests answered, by item operation and status (accepted, already_accepted, rejected, failed).")

@@ -63,6 +63,10 @@ type Route struct {
 	// sensitive responses: the first caller receives the body, a replay
 	// receives the stored status, headers and resource id with an empty body.
 	OmitBody bool
+	// Tombstone is Config.Tombstone for this route: how long after its
+	// expiry a key is refused with 422 IDEMPOTENCY_KEY_EXPIRED, or
+	// NoTombstone. Default: Config.Tombstone.
+	Tombstone time.Duration
 }
 
 // Middleware turns handlers into idempotent http.Handlers backed by the
@@ -81,11 +85,15 @@ type Middleware struct {
 // New returns a Middleware that keeps its records in pool, in the http_keys
 // table of cfg.Tables (created by package migrate). It fails with ErrNoScope
 // when cfg says neither how keys are scoped (Caller, Tenant) nor that they
-// are shared (SharedScope), and with ErrConfig for other invalid settings.
+// are shared (SharedScope), and with ErrConfig for other invalid settings
+// and a nil pool.
 func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("%w: no pool", ErrConfig)
 	}
 	cfg = cfg.scoped()
 	met, err := newMetrics(cfg.MeterProvider)
@@ -123,24 +131,28 @@ func New(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 
 // Handle returns an http.Handler that runs h idempotently for route. Like
 // http.ServeMux.Handle, it panics on a programming error: an empty or
-// invalid Operation, or a nil h.
+// invalid Operation, a nil h, or a negative Tombstone other than
+// NoTombstone.
 func (m *Middleware) Handle(route Route, h Handler) http.Handler {
-	if route.Operation == "" || !utf8.ValidString(route.Operation) || h == nil {
-		panic(fmt.Sprintf("httpinbox: Handle needs a valid Operation and a handler, got %q", route.Operation))
+	if route.Operation == "" || !utf8.ValidString(route.Operation) || h == nil ||
+		(route.Tombstone != 0 && !validTombstone(route.Tombstone)) {
+		panic(fmt.Sprintf("httpinbox: Handle needs a valid Operation, a handler and a valid Tombstone, got %q and %s",
+			route.Operation, route.Tombstone))
 	}
-	return &endpoint{m: m, route: route, h: h, expiry: m.cfg.Expiry}
+	return &endpoint{m: m, route: route, h: h, expiry: m.cfg.Expiry, tombstone: tombstoneOf(route.Tombstone, m.cfg.Tombstone)}
 }
 
 // endpoint is one route behind the middleware: an Idempotency-Key route, a
 // webhook (webhook set) whose key is the verified event id, or the status of
 // operations (status set).
 type endpoint struct {
-	m       *Middleware
-	route   Route
-	h       Handler
-	expiry  time.Duration // of the route's records
-	webhook *Webhook
-	status  bool
+	m         *Middleware
+	route     Route
+	h         Handler
+	expiry    time.Duration // of the route's records
+	tombstone time.Duration // how long past expiry they are refused; 0: not at all
+	webhook   *Webhook
+	status    bool
 }
 
 // detachedTimeout bounds the work that runs after the request context may be
@@ -205,6 +217,7 @@ func (e *endpoint) claimAndAnswer(w http.ResponseWriter, r *http.Request, tenant
 		operation: e.route.Operation,
 		key:       key,
 		expiry:    e.expiry,
+		tombstone: e.tombstone,
 	}
 	_, _ = rand.Read(c.owner[:]) // crypto/rand.Read never fails
 	template := e.route.Template
@@ -247,7 +260,7 @@ func (e *endpoint) answer(w http.ResponseWriter, r *http.Request, c *Claim, fp i
 	}
 	pause := 5 * time.Millisecond
 	for {
-		out, st, err := m.claim(ctx, c, fp)
+		out, rec, err := m.claim(ctx, c, fp)
 		if err != nil {
 			m.log.Error("httpinbox: claim failed", "operation", c.operation, "key_id", c.id.Short(), "error", err)
 			writeProblem(w, http.StatusInternalServerError, CodeInternal, "the idempotency store failed", 0)
@@ -262,7 +275,7 @@ func (e *endpoint) answer(w http.ResponseWriter, r *http.Request, c *Claim, fp i
 			e.execute(w, r, c)
 		case outcomeReplay:
 			m.metrics.replayed.Add(ctx, 1, m.metrics.opt(c.operation))
-			writeResponse(w, st.status, st.header, st.resourceID, st.body, true)
+			writeResponse(w, rec.status, rec.header, rec.resourceID, rec.body, true)
 		case outcomeConflict:
 			m.metrics.conflict.Add(ctx, 1, m.metrics.opt(c.operation))
 			m.log.Warn("httpinbox: key reused with a different request",
@@ -272,6 +285,11 @@ func (e *endpoint) answer(w http.ResponseWriter, r *http.Request, c *Claim, fp i
 		case outcomeLimited:
 			writeProblem(w, http.StatusTooManyRequests, CodeTooManyKeys,
 				fmt.Sprintf("at most %d new idempotency keys per minute", m.cfg.NewKeysPerMinute), 60)
+		case outcomeExpired:
+			m.metrics.expiredRefused.Add(ctx, 1, m.metrics.opt(c.operation))
+			writeProblem(w, http.StatusUnprocessableEntity, CodeKeyExpired, fmt.Sprintf(
+				"this Idempotency-Key expired at %s and its request may have taken effect; send a new request with a new key",
+				rec.expiresAt.UTC().Format(time.RFC3339)), 0)
 		case outcomeInProgress:
 			if wait := time.Until(deadline); wait > 0 {
 				t := time.NewTimer(min(pause, wait))

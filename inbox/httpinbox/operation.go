@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -55,7 +54,8 @@ var (
 )
 
 // CodeOperationNotFound (404) answers a status request for an operation that
-// does not exist, or that another tenant or caller accepted.
+// does not exist, that another tenant or caller accepted, or whose id no
+// operation can have (see Accepted.ID).
 const CodeOperationNotFound = "OPERATION_NOT_FOUND"
 
 // Operation is the record of a long-running operation.
@@ -88,11 +88,13 @@ type Operation struct {
 type Accepted struct {
 	// ID names the operation: unique, and stable across every run of the
 	// request's key, so that a handler run again (after a crash, or after
-	// the key expired) finds the same operation. Default: "op_" and the first
-	// 24 hex digits of the request's KeyID.
+	// the key expired) finds the same operation; 1 to 255 bytes of UTF-8
+	// without control characters or '/', and not "." or "..". Default:
+	// "op_" and the first 24 hex digits of the request's KeyID.
 	ID string
 	// Location is where the operation's status is read, sent as the
-	// Location header. Default: "/operations/" + ID.
+	// Location header. Default: "/operations/" + ID, escaped as a path
+	// segment.
 	Location string
 	// Fields are members added to the status document, such as the id of
 	// the resource being built: a value that encodes as a JSON object
@@ -135,9 +137,19 @@ WHERE operation_id = $1 AND state = 'accepted'`
 		ELSE expires_at END
 WHERE operation_id = $1 AND state IN ('accepted', 'running', 'unknown') AND ($3 = '' OR state = $3)`
 
-	cleanupOperationsSQL = `DELETE FROM {ops} WHERE operation_id IN (
-	SELECT operation_id FROM {ops} WHERE expires_at <= now() AND state IN ('succeeded', 'failed')
-	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`
+	// cleanupOperationsSQL deletes, like the keys' cleanup, up to $3
+	// finished operations that expired by $1, walking their expiry index
+	// from $2, and returns how many it deleted and the newest expiry.
+	cleanupOperationsSQL = `WITH doomed AS (
+	SELECT ctid FROM {ops}
+	WHERE expires_at >= $2 AND expires_at <= $1 AND state IN ('succeeded', 'failed')
+	ORDER BY expires_at LIMIT $3
+	FOR UPDATE SKIP LOCKED
+), gone AS (
+	DELETE FROM {ops} WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+	RETURNING expires_at
+)
+SELECT count(*), coalesce(max(expires_at), $2) FROM gone`
 )
 
 type operationSQL struct{ accept, get, start, finish, cleanup string }
@@ -175,8 +187,12 @@ func NewOperations(pool *pgxpool.Pool, tables idem.Tables) (*Operations, error) 
 
 // Start moves operation id from accepted to running, in tx. Starting a
 // running operation again is a no-op; a finished or unknown one fails with
-// ErrOperationState.
+// ErrOperationState, and one an operator resolved with a *ResolvedError
+// (ErrOperationResolved): the worker must not carry it out.
 func (o *Operations) Start(ctx context.Context, tx pgx.Tx, id string) error {
+	if !validOperationID(id) {
+		return fmt.Errorf("httpinbox: start operation %q: %w", id, ErrOperationNotFound)
+	}
 	tag, err := tx.Exec(ctx, o.sql.start, id)
 	if err == nil && tag.RowsAffected() == 0 {
 		err = o.already(ctx, tx, id, OperationRunning)
@@ -194,10 +210,16 @@ func (o *Operations) Start(ctx context.Context, tx pgx.Tx, id string) error {
 // outcome). Finishing it again in the same state is a no-op (an unknown one
 // takes the new result, and keeps the time it became unknown); a finished
 // operation never changes (ErrOperationState), whether a worker, the ledger
-// effect it follows or an operator (Operations.Resolve) finished it.
+// effect it follows or an operator finished it. One an operator resolved
+// (Operations.Resolve) fails with a *ResolvedError (ErrOperationResolved,
+// which matches ErrOperationState too), in whatever state it is finished:
+// the worker learns who decided, and must not act on its own outcome.
 func (o *Operations) Finish(ctx context.Context, tx pgx.Tx, id string, state OperationState, result any) error {
 	if !state.Final() && state != OperationUnknown {
 		return fmt.Errorf("httpinbox: finish operation %s: %w: %q is not succeeded, failed or unknown", id, ErrOperationState, state)
+	}
+	if !validOperationID(id) {
+		return fmt.Errorf("httpinbox: finish operation %q: %w", id, ErrOperationNotFound)
 	}
 	var res []byte
 	if result != nil {
@@ -216,8 +238,10 @@ func (o *Operations) Finish(ctx context.Context, tx pgx.Tx, id string, state Ope
 	return nil
 }
 
-// already explains why an operation did not move to want: it is there
-// already (nil), it does not exist, or it cannot.
+// already explains why an operation did not move to want: an operator
+// resolved it (a *ResolvedError, whatever want is: the worker must learn
+// that it was not its decision), it is there already (nil), it does not
+// exist, or it cannot.
 func (o *Operations) already(ctx context.Context, tx pgx.Tx, id string, want OperationState) error {
 	op, err := scanOperation(tx.QueryRow(ctx, o.sql.get, id))
 	switch {
@@ -225,7 +249,18 @@ func (o *Operations) already(ctx context.Context, tx pgx.Tx, id string, want Ope
 		return ErrOperationNotFound
 	case err != nil:
 		return err
-	case op.State == want:
+	case op.State.Final():
+		// Operators only finish operations, and a finished one never
+		// changes: a decision about it is the one that finished it.
+		d, err := o.resolver(id).decision(ctx, tx, 0)
+		switch {
+		case err != nil:
+			return err
+		case d != nil:
+			return d
+		}
+	}
+	if op.State == want {
 		return nil
 	}
 	return fmt.Errorf("%w: it is %s", ErrOperationState, op.State)
@@ -246,6 +281,9 @@ func (o *Operations) Get(ctx context.Context, id string) (Operation, error) {
 
 // read returns the record of operation id as it is stored.
 func (o *Operations) read(ctx context.Context, id string) (Operation, error) {
+	if !validOperationID(id) {
+		return Operation{}, ErrOperationNotFound // no operation can have it
+	}
 	op, err := scanOperation(o.pool.QueryRow(ctx, o.sql.get, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Operation{}, ErrOperationNotFound
@@ -306,113 +344,6 @@ func effectOutcome(cur OperationState, e ledger.Entry) (OperationState, json.Raw
 // a result of its own: the problem document OPERATION_FAILED.
 func failedResult() json.RawMessage {
 	return Problem(http.StatusBadGateway, "OPERATION_FAILED", "the operation failed for good").Body
-}
-
-// Accept records the long-running operation a, in tx, the handler's
-// transaction, so that it exists exactly when the request's record and
-// writes commit; and returns the response to give: 202 Accepted with
-// Location, Retry-After (Config.RetryAfter), the operation's id as
-// resource id, and its status document as body:
-//
-//	{"operationId":"op_…","state":"accepted", …a.Fields}
-//
-// The request must carry an Idempotency-Key: the operation takes its
-// scope. Accepting an existing id again, for the same scope and kind,
-// answers its current status; for another, it fails with
-// ErrOperationConflict.
-func (m *Middleware) Accept(ctx context.Context, tx pgx.Tx, a Accepted) (Response, error) {
-	c := FromContext(ctx)
-	if c == nil {
-		return Response{}, errors.New("httpinbox: Accept needs a request with an Idempotency-Key")
-	}
-	if a.ID == "" {
-		a.ID = "op_" + c.KeyID()[:24]
-	}
-	if a.Location == "" {
-		a.Location = "/operations/" + a.ID
-	}
-	fields, err := appMembers(a.Fields, "operationId", "state", "result")
-	if err != nil {
-		return Response{}, err
-	}
-	obj := append(append([]byte{'{'}, fields...), '}')
-	op, err := scanOperation(tx.QueryRow(ctx, m.ops.sql.accept, a.ID, c.tenant, c.caller, c.operation, c.id[:],
-		a.Follows, a.Location, obj, c.expiry.Microseconds()))
-	if errors.Is(err, pgx.ErrNoRows) {
-		op, err = scanOperation(tx.QueryRow(ctx, m.ops.sql.get, a.ID))
-		if err == nil && (op.Tenant != c.tenant || op.Caller != c.caller || op.Kind != c.operation) {
-			err = ErrOperationConflict
-		}
-	}
-	if err != nil {
-		return Response{}, fmt.Errorf("httpinbox: accept operation %s: %w", a.ID, err)
-	}
-	resp, err := m.statusResponse(op)
-	resp.Status = http.StatusAccepted
-	resp.Header.Set("Location", op.Location)
-	return resp, err
-}
-
-// OperationStatus returns the handler of an operation's status, for a route
-// whose pattern names the id {id}, such as "GET /operations/{id}". It
-// answers 200 with the status document, and Retry-After while the operation
-// is accepted or running:
-//
-//	{"operationId":"op_…","state":"succeeded", …fields, "result":{…}}
-//
-// Only the tenant and caller that accepted it (Config.Tenant and
-// Config.Caller) see it; anyone else gets 404 OPERATION_NOT_FOUND, as for an
-// id that does not exist. A followed effect's outcome is read, and stored,
-// on the way. The record lives in the database, so the status survives
-// restarts of every process.
-func (m *Middleware) OperationStatus() http.Handler {
-	return &endpoint{m: m, route: Route{Operation: "operation.status"}, expiry: m.cfg.Expiry, status: true}
-}
-
-// serveStatus answers a status request.
-func (e *endpoint) serveStatus(w http.ResponseWriter, r *http.Request) {
-	m := e.m
-	tenant, caller, ok := e.scope(w, r)
-	if !ok {
-		return
-	}
-	op, err := m.ops.read(r.Context(), r.PathValue("id"))
-	if errors.Is(err, ErrOperationNotFound) || (err == nil && (op.Tenant != tenant || op.Caller != caller)) {
-		writeProblem(w, http.StatusNotFound, CodeOperationNotFound, "no such operation", 0)
-		return
-	}
-	if err == nil {
-		op, err = m.ops.follow(r.Context(), op)
-	}
-	if err != nil {
-		m.log.Error("httpinbox: read operation", "error", err)
-		writeProblem(w, http.StatusInternalServerError, CodeInternal, "cannot read the operation", 0)
-		return
-	}
-	resp, err := m.statusResponse(op)
-	if err != nil {
-		m.log.Error("httpinbox: encode operation", "operation_id", op.ID, "error", err)
-		writeProblem(w, http.StatusInternalServerError, CodeInternal, "cannot encode the operation", 0)
-		return
-	}
-	writeResponse(w, http.StatusOK, resp.Header, "", resp.Body, false)
-}
-
-// statusResponse is op's status document, with Retry-After while it runs.
-func (m *Middleware) statusResponse(op Operation) (Response, error) {
-	var tail []member
-	if op.Result != nil {
-		tail = append(tail, member{"result", op.Result})
-	}
-	body, err := joinObject([]member{{"operationId", op.ID}, {"state", op.State}}, objectInside(op.Fields), tail)
-	if err != nil {
-		return Response{}, err
-	}
-	resp := Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: body, ResourceID: op.ID}
-	if op.State == OperationAccepted || op.State == OperationRunning {
-		resp.Header.Set("Retry-After", strconv.Itoa(retryAfter(m.cfg.RetryAfter)))
-	}
-	return resp, nil
 }
 
 // scanOperation reads operationColumns.

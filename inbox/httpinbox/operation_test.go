@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testdb"
+	"github.com/idemkit/idem/internal/testkit/testdb"
 	"github.com/idemkit/idem/ledger"
 )
 
@@ -290,4 +291,58 @@ func TestOperationFinishesStraightFromAccepted(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, httpinbox.OperationSucceeded, got.State)
 	require.False(t, got.FinishedAt.IsZero())
+}
+
+// An operation id comes from the URL, unescaped: bytes that are not UTF-8,
+// a NUL, control characters or a length no id can have name no operation,
+// and are answered 404 like any unknown id, never a 500 from the database
+// refusing the text.
+func TestOperationStatusOfAMalformedIDIsNotFound(t *testing.T) {
+	t.Parallel()
+	f := newOpFixture(t)
+	ctx := context.Background()
+	for _, path := range []string{
+		"/operations/%00%ff", "/operations/%ff%fe", "/operations/op%00", "/operations/a%0Ab", "/operations/%1b%5B2J",
+		"/operations/%7F", "/operations/%C2%85", "/operations/" + strings.Repeat("a", 256),
+	} {
+		requireProblem(t, f.get(f.mux, path), http.StatusNotFound, httpinbox.CodeOperationNotFound)
+	}
+	ops := f.operations()
+	for _, id := range []string{"\x00\xff", "op\x00", "\xff", ""} {
+		_, err := ops.Get(ctx, id)
+		require.ErrorIs(t, err, httpinbox.ErrOperationNotFound, "%q", id)
+		require.ErrorIs(t, f.move(func(ctx context.Context, tx pgx.Tx) error { return ops.Start(ctx, tx, id) }),
+			httpinbox.ErrOperationNotFound, "%q", id)
+		require.ErrorIs(t, f.move(func(ctx context.Context, tx pgx.Tx) error {
+			return ops.Finish(ctx, tx, id, httpinbox.OperationFailed, nil)
+		}), httpinbox.ErrOperationNotFound, "%q", id)
+		_, err = ops.Resolve(ctx, id, httpinbox.OperationResolution{As: httpinbox.OperationFailed, Reason: "x", Operator: "alice"})
+		require.ErrorIs(t, err, httpinbox.ErrOperationNotFound, "%q", id)
+		history, err := ops.History(ctx, id)
+		require.NoError(t, err, "%q", id)
+		require.Empty(t, history)
+	}
+
+	// No handler can accept an operation under such an id either.
+	h := f.m.Handle(httpinbox.Route{Operation: "reports.create"}, func(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
+		return f.m.Accept(ctx, tx, httpinbox.Accepted{ID: "rep\x00"})
+	})
+	requireProblem(t, post(h, "k-bad", `{}`), http.StatusInternalServerError, httpinbox.CodeInternal)
+}
+
+// An id with characters a URL escapes is found at its default Location.
+func TestOperationWithAnIDToEscapeIsFoundAtItsLocation(t *testing.T) {
+	t.Parallel()
+	f := newOpFixture(t)
+	const id = "rep 2025?q1#x%é"
+	h := f.m.Handle(httpinbox.Route{Operation: "reports.create"}, func(ctx context.Context, tx pgx.Tx, r *http.Request) (httpinbox.Response, error) {
+		return f.m.Accept(ctx, tx, httpinbox.Accepted{ID: id})
+	})
+	accepted := post(h, "k1", `{}`)
+	require.Equal(t, http.StatusAccepted, accepted.Code, accepted.Body.String())
+	location := accepted.Header().Get("Location")
+	require.Equal(t, "/operations/rep%202025%3Fq1%23x%25%C3%A9", location)
+	status := f.get(f.mux, location)
+	require.Equal(t, http.StatusOK, status.Code, status.Body.String())
+	require.Equal(t, id, doc(t, status).OperationID)
 }

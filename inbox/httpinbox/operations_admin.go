@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,20 +13,18 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/keyset"
 )
 
-// OperationStates lists every state, in the order of an operation's life.
-var OperationStates = []OperationState{OperationAccepted, OperationRunning, OperationSucceeded, OperationFailed, OperationUnknown}
+// operationStates is every state, in the order of an operation's life.
+var operationStates = [...]OperationState{OperationAccepted, OperationRunning, OperationSucceeded, OperationFailed, OperationUnknown}
+
+// OperationStates returns every state, in the order of an operation's
+// life, in a new slice the caller may change.
+func OperationStates() []OperationState { return slices.Clone(operationStates[:]) }
 
 // Valid reports whether s is one of OperationStates.
-func (s OperationState) Valid() bool {
-	for _, v := range OperationStates {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
+func (s OperationState) Valid() bool { return slices.Contains(operationStates[:], s) }
 
 // Errors of the operator functions (Operations.Resolve).
 var (
@@ -36,6 +35,12 @@ var (
 	// whose outcome finishes it; resolve the effect (ledger.Ledger.Resolve,
 	// `idem ledger resolve`) and the operation follows.
 	ErrOperationFollowsEffect = errors.New("httpinbox: the operation follows a ledger effect")
+	// ErrOperationResolved: an operator resolved the operation already; it
+	// comes as a *ResolvedError saying who, when and how, and matches
+	// ErrOperationState too. Another operator's Resolve gets it, and so
+	// does a worker's Start or Finish that comes later, which changes
+	// nothing.
+	ErrOperationResolved = errors.New("httpinbox: an operator resolved the operation already")
 )
 
 // OperationFilter selects operations for Operations.List. Empty fields
@@ -93,10 +98,10 @@ type OperationStats struct {
 }
 
 const (
-	listOperationsSQL = `SELECT ` + operationColumns + ` FROM {ops}
-WHERE ($1 = '' OR state = $1) AND ($2 = '' OR tenant = $2) AND ($3 = '' OR caller = $3) AND ($4 = '' OR kind = $4)
-ORDER BY created_at, operation_id
-LIMIT $5`
+	// listOperationsSQL reads operations in (created_at, operation_id)
+	// order, under the conditions of the filter's set fields
+	// (keyset.Where), through the index that matches them (migration 0021).
+	listOperationsSQL = `SELECT ` + operationColumns + ` FROM {ops}`
 
 	// lockOperationSQL fails at once (NOWAIT) when a worker's transaction
 	// holds the operation.
@@ -120,14 +125,19 @@ WHERE operation_id = $1 ORDER BY at, id`
 		WHERE state = 'unknown' AND follows IS NULL)), 0)::float8`
 )
 
-// operationAdminSQL holds the operator statements for one set of tables.
-type operationAdminSQL struct{ list, lock, audit, history, counts, ages string }
+// operationAdminSQL holds the operator statements for one set of tables,
+// and the table's name, which names its operators' advisory locks.
+type operationAdminSQL struct {
+	list, lock, audit, history, counts, ages, table string
+	turn                                            turnStatements
+}
 
 func newOperationAdminSQL(t idem.Tables) operationAdminSQL {
 	r := strings.NewReplacer("{ops}", t.Table("http_operations"), "{audit}", t.Table("http_operations_audit"))
 	return operationAdminSQL{list: r.Replace(listOperationsSQL), lock: r.Replace(lockOperationSQL),
 		audit: r.Replace(operationAuditSQL), history: r.Replace(operationHistorySQL),
-		counts: r.Replace(operationCountsSQL), ages: r.Replace(operationAgesSQL)}
+		counts: r.Replace(operationCountsSQL), ages: r.Replace(operationAgesSQL), table: t.Table("http_operations"),
+		turn: newTurnStatements(t.Table("http_operations_audit"), "operation_id")}
 }
 
 // List returns the operations that match f, oldest first. Like Get, it
@@ -141,7 +151,13 @@ func (o *Operations) List(ctx context.Context, f OperationFilter) ([]Operation, 
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := o.pool.Query(ctx, o.admin.list, string(f.State), f.Tenant, f.Caller, f.Kind, f.Limit)
+	var w keyset.Where
+	w.Equal("state", string(f.State))
+	w.Equal("tenant", f.Tenant)
+	w.Equal("caller", f.Caller)
+	w.Equal("kind", f.Kind)
+	sql := o.admin.list + w.SQL() + " ORDER BY created_at, operation_id LIMIT " + w.Arg(f.Limit)
+	rows, err := o.pool.Query(ctx, sql, w.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("httpinbox: list operations: %w", err)
 	}
@@ -164,6 +180,9 @@ func (o *Operations) List(ctx context.Context, f OperationFilter) ([]Operation, 
 
 // History returns the operator decisions about operation id, oldest first.
 func (o *Operations) History(ctx context.Context, id string) ([]OperationAudit, error) {
+	if !validOperationID(id) {
+		return nil, nil // no operation has it, so no decision is about it
+	}
 	rows, err := o.pool.Query(ctx, o.admin.history, id)
 	if err != nil {
 		return nil, fmt.Errorf("httpinbox: operation history %s: %w", id, err)
@@ -184,50 +203,26 @@ func (o *Operations) History(ctx context.Context, id string) ([]OperationAudit, 
 // operation as it now stands. It settles an operation that waits for
 // someone: unknown, or accepted or running while the worker that should
 // finish it is gone. The decision is final: a worker that comes later gets
-// ErrOperationState from Start and from Finish into another state.
+// a *ResolvedError (ErrOperationResolved, ErrOperationState) from Start
+// and from Finish, and nothing changes.
 //
-// An operation a worker's transaction holds fails with
-// ErrOperationInFlight; a finished one (succeeded or failed) with
-// ErrOperationState; one that follows a ledger effect with
-// ErrOperationFollowsEffect, naming the effect to resolve instead; an
-// unknown id with ErrOperationNotFound.
+// Operators resolving one operation at once take turns: the first one's
+// decision stands, and the others get a *ResolvedError that names it
+// (ErrOperationResolved), as does anyone resolving it later. An operation
+// a worker's transaction holds fails with ErrOperationInFlight; one a
+// worker finished (succeeded or failed) with ErrOperationState; one that
+// follows a ledger effect with ErrOperationFollowsEffect, naming the
+// effect to resolve instead; an unknown id with ErrOperationNotFound.
 func (o *Operations) Resolve(ctx context.Context, id string, r OperationResolution) (Operation, error) {
-	if !r.As.Final() {
-		return Operation{}, fmt.Errorf("httpinbox: resolve operation %s: cannot resolve as %q (want succeeded or failed)", id, r.As)
-	}
-	if strings.TrimSpace(r.Reason) == "" || strings.TrimSpace(r.Operator) == "" {
-		return Operation{}, fmt.Errorf("httpinbox: resolve operation %s: a reason and an operator are required", id)
-	}
-	var res []byte
-	switch {
-	case r.Result != nil:
-		var err error
-		if res, err = json.Marshal(r.Result); err != nil {
-			return Operation{}, fmt.Errorf("httpinbox: resolve operation %s: encode the result: %w", id, err)
-		}
-	case r.As == OperationFailed:
-		res = failedResult()
+	res, err := r.result(id)
+	if err != nil {
+		return Operation{}, err
 	}
 	var out Operation
-	err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
-		var (
-			from    OperationState
-			follows string
-		)
-		err := tx.QueryRow(ctx, o.admin.lock, id).Scan(&from, &follows)
-		var pe *pgconn.PgError
-		switch {
-		case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available
-			return ErrOperationInFlight
-		case errors.Is(err, pgx.ErrNoRows):
-			return ErrOperationNotFound
-		case err != nil:
+	err = pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+		from, err := o.lockForOperator(ctx, tx, id)
+		if err != nil {
 			return err
-		case from.Final():
-			return fmt.Errorf("%w: it is %s, and a finished operation never changes", ErrOperationState, from)
-		case follows != "":
-			return fmt.Errorf("%w: resolve effect %s instead (idem ledger resolve %s), and the operation follows its outcome",
-				ErrOperationFollowsEffect, follows, follows)
 		}
 		if _, err := tx.Exec(ctx, o.sql.finish, id, r.As, from, res); err != nil {
 			return err
@@ -242,6 +237,78 @@ func (o *Operations) Resolve(ctx context.Context, id string, r OperationResoluti
 		return Operation{}, fmt.Errorf("httpinbox: resolve operation %s: %w", id, err)
 	}
 	return out, nil
+}
+
+// result checks r for operation id and returns the result to store.
+func (r OperationResolution) result(id string) ([]byte, error) {
+	switch {
+	case !r.As.Final():
+		return nil, fmt.Errorf("httpinbox: resolve operation %s: cannot resolve as %q (want succeeded or failed)", id, r.As)
+	case strings.TrimSpace(r.Reason) == "" || strings.TrimSpace(r.Operator) == "":
+		return nil, fmt.Errorf("httpinbox: resolve operation %s: a reason and an operator are required", id)
+	case !validOperationID(id):
+		return nil, fmt.Errorf("httpinbox: resolve operation %q: %w", id, ErrOperationNotFound)
+	case r.Result != nil:
+		res, err := json.Marshal(r.Result)
+		if err != nil {
+			return nil, fmt.Errorf("httpinbox: resolve operation %s: encode the result: %w", id, err)
+		}
+		return res, nil
+	case r.As == OperationFailed:
+		return failedResult(), nil
+	}
+	return nil, nil
+}
+
+// lockForOperator takes operation id for an operator's decision in tx,
+// after any other operator's, and returns the state it is in; it fails
+// when the operation cannot be resolved now.
+func (o *Operations) lockForOperator(ctx context.Context, tx pgx.Tx, id string) (OperationState, error) {
+	rv := o.resolver(id)
+	switch won, err := rv.turn(ctx, tx); {
+	case err != nil:
+		return "", err
+	case won != nil:
+		return "", won
+	}
+	var (
+		from    OperationState
+		follows string
+	)
+	err := tx.QueryRow(ctx, o.admin.lock, id).Scan(&from, &follows)
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "55P03": // lock_not_available: a worker, since operators take turns
+		return "", ErrOperationInFlight
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", ErrOperationNotFound
+	case err != nil:
+		return "", err
+	case from.Final():
+		return "", o.finished(ctx, tx, id, from)
+	case follows != "":
+		return "", fmt.Errorf("%w: resolve effect %s instead (idem ledger resolve %s), and the operation follows its outcome",
+			ErrOperationFollowsEffect, follows, follows)
+	}
+	return from, nil
+}
+
+// finished explains why operation id, finished in state, cannot be
+// resolved: the operator who resolved it, or its worker.
+func (o *Operations) finished(ctx context.Context, tx pgx.Tx, id string, state OperationState) error {
+	d, err := o.resolver(id).decision(ctx, tx, 0)
+	switch {
+	case err != nil:
+		return err
+	case d != nil:
+		return d
+	}
+	return fmt.Errorf("%w: it is %s, and a finished operation never changes", ErrOperationState, state)
+}
+
+// resolver is operation id as operators resolve it.
+func (o *Operations) resolver(id string) resolver {
+	return newResolver(o.admin.turn, o.admin.table, id, id, ErrOperationResolved, ErrOperationState)
 }
 
 // Stats counts operations by state and measures what waits.

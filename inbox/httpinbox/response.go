@@ -32,6 +32,12 @@ const (
 	CodeInternal         = "INTERNAL_ERROR"
 	CodeOutcomeUnknown   = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 
+	// CodeKeyExpired (422) answers a request whose key expired (Expiry)
+	// while its tombstone lasts (Config.Tombstone): the stored outcome may
+	// have taken effect, so the request neither runs again nor receives
+	// the stored response. The client sends a new request with a new key.
+	CodeKeyExpired = "IDEMPOTENCY_KEY_EXPIRED"
+
 	// CodeScopeRequired (401) answers a request with a key whose Tenant and
 	// Caller are both empty: an anonymous request cannot own a key, or every
 	// anonymous caller would receive the others' stored responses.

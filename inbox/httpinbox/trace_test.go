@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/inbox/httpinbox"
-	"github.com/idemkit/idem/internal/testbroker"
+	"github.com/idemkit/idem/internal/testkit/testbroker"
 	"github.com/idemkit/idem/ledger"
 )
 

@@ -43,6 +43,13 @@ type Webhook struct {
 	Expiry time.Duration
 	// Template is the route template in the fingerprint, as Route.Template.
 	Template string
+	// Tombstone is Config.Tombstone for this endpoint: how long after its
+	// Expiry a redelivered event id is refused with 422
+	// IDEMPOTENCY_KEY_EXPIRED instead of running again, or NoTombstone. A
+	// provider takes the 422 for a failed delivery and retries until its
+	// own horizon ends; the handler never runs twice for the event.
+	// Default: Config.Tombstone.
+	Tombstone time.Duration
 }
 
 // EventIDFunc returns the event id of a verified webhook request from its
@@ -102,8 +109,8 @@ const (
 // whose handler is running gets 409 with Retry-After (or waits, with
 // Config.Wait); an event id redelivered with another body is a conflict
 // (422). Like Handle, it panics on a programming error: no Provider,
-// Verifier or EventID, a built-in verifier without secrets, or an Expiry
-// not above Config.Lease.
+// Verifier or EventID, a built-in verifier without secrets, an Expiry not
+// above Config.Lease, or a negative Tombstone other than NoTombstone.
 func (m *Middleware) Webhook(wh Webhook, h Handler) http.Handler {
 	if wh.Expiry == 0 {
 		wh.Expiry = m.cfg.Expiry
@@ -116,6 +123,8 @@ func (m *Middleware) Webhook(wh Webhook, h Handler) http.Handler {
 		problem = errors.New("a Verifier, an EventID function and a handler are required")
 	case wh.Expiry <= m.cfg.Lease:
 		problem = fmt.Errorf("Expiry %s must exceed the lease %s", wh.Expiry, m.cfg.Lease)
+	case wh.Tombstone != 0 && !validTombstone(wh.Tombstone):
+		problem = fmt.Errorf("Tombstone %s: want a positive duration, or NoTombstone (-1)", wh.Tombstone)
 	}
 	if v, ok := wh.Verifier.(interface{ validate() error }); ok && problem == nil {
 		problem = v.validate()
@@ -124,7 +133,7 @@ func (m *Middleware) Webhook(wh Webhook, h Handler) http.Handler {
 		panic(fmt.Sprintf("httpinbox: Webhook %q: %v", wh.Provider, problem))
 	}
 	route := Route{Operation: "webhook:" + wh.Provider, Template: wh.Template}
-	return &endpoint{m: m, route: route, h: h, expiry: wh.Expiry, webhook: &wh}
+	return &endpoint{m: m, route: route, h: h, expiry: wh.Expiry, tombstone: tombstoneOf(wh.Tombstone, m.cfg.Tombstone), webhook: &wh}
 }
 
 // serveWebhook verifies the request, then claims its event id.

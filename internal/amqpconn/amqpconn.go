@@ -3,7 +3,9 @@
 // synchronous call (Bound), each write (WriteDeadline), and, for the
 // short-lived connections of idem's operator tools, all of them at once
 // (Dial and Conn). DialAny dials a cluster: the first node of a shuffled
-// list that answers.
+// list that answers, the nodes that failed lately last (Suspect); its
+// DialTimeout, Heartbeat and AnswerTimeout make a node that stops
+// answering cost seconds.
 //
 // amqp091 clears the dial deadline once the handshake is done, so a write to
 // a broker that stopped reading (RabbitMQ blocks publishing connections on a
@@ -17,6 +19,22 @@
 // Gate and Gated bound in bytes what a consume connection holds in memory:
 // the socket is not read while the deliveries taken and not yet settled
 // fill the budget.
+//
+// Screen and Screened keep a message the client cannot decode from closing
+// the consume connection, which would have the broker deliver it again to
+// the next one, without end. amqp091-go refuses a content header whose
+// properties it cannot read (a header table nested deeper than 32 levels or
+// holding more than 8,192 entries, a field type it does not know) by
+// closing the connection, and RabbitMQ relays such headers. The screen
+// reads the frames the broker sends as the client will read them, checks
+// each content header's property list by the client's own rules
+// (properties.go follows amqp091-go's read.go step by step; a fuzz target
+// holds the two together), and hands the client a header it can decode —
+// without the properties it could not — while it notes the delivery, out of
+// band, by its consumer tag and delivery tag. The consumer dead-letters a
+// noted delivery with reason undecodable instead of running its handler.
+// Over amqps, DialWithin makes the TLS connection itself, under the screen
+// and the gate, so that they read frames, not ciphertext.
 package amqpconn
 
 import (
@@ -47,7 +65,7 @@ type Conn struct {
 func Dial(ctx context.Context, urls []string, name string, timeout time.Duration) (*Conn, error) {
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName(name)
-	conn, sock, _, err := DialAny(ctx, urls, amqp.Config{Properties: props, Heartbeat: 10 * time.Second}, timeout,
+	conn, sock, _, err := DialAny(ctx, urls, amqp.Config{Properties: props}, timeout,
 		func(c net.Conn) net.Conn { return WriteDeadline(c, timeout) })
 	if err != nil {
 		return nil, err
@@ -62,10 +80,18 @@ func Dial(ctx context.Context, urls []string, name string, timeout time.Duration
 // when ctx does: the socket is closed, and the error wraps ctx's cause.
 // Once DialWithin returns, ctx no longer concerns the connection. wrap, when
 // set, wraps the socket the client is given; that socket is returned too,
-// for closing it is how a caller ends a call that hangs (see Bound).
+// for closing it is how a caller ends a call that hangs (see Bound). For an
+// amqps URL, DialWithin makes the TLS connection itself (with
+// cfg.TLSClientConfig, else the configuration the URL's query describes;
+// the handshake bounded as the rest) and wrap wraps that: it reads and
+// writes AMQP frames whatever the scheme.
 func DialWithin(ctx context.Context, rawURL string, cfg amqp.Config, timeout time.Duration, wrap func(net.Conn) net.Conn) (*amqp.Connection, net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, context.Cause(ctx)
+	}
+	target, tlsCfg, err := overTLS(rawURL, cfg.TLSClientConfig)
+	if err != nil {
+		return nil, nil, err
 	}
 	var sock net.Conn
 	stop := func() bool { return true }
@@ -74,10 +100,15 @@ func DialWithin(ctx context.Context, rawURL string, cfg amqp.Config, timeout tim
 		if err != nil {
 			return nil, err
 		}
-		// The handshake's deadline: the client clears it once open.
+		// The handshakes' deadline: the client clears it once open.
 		if err := c.SetDeadline(time.Now().Add(timeout)); err != nil {
 			_ = c.Close()
 			return nil, err
+		}
+		if tlsCfg != nil {
+			if c, err = handshake(ctx, c, tlsCfg); err != nil {
+				return nil, err
+			}
 		}
 		if wrap != nil {
 			c = wrap(c)
@@ -85,10 +116,18 @@ func DialWithin(ctx context.Context, rawURL string, cfg amqp.Config, timeout tim
 		sock, stop = c, context.AfterFunc(ctx, func() { _ = c.Close() })
 		return c, nil
 	}
-	conn, err := amqp.DialConfig(rawURL, cfg)
+	conn, err := amqp.DialConfig(target, cfg)
 	if !stop() && err == nil { // ctx ended as the handshake finished
 		_ = conn.CloseDeadline(time.Now())
 		err = context.Cause(ctx)
+	}
+	if err == nil && conn.Config.Heartbeat > 0 {
+		// The client clears the socket's deadlines once open, and arms the
+		// read deadline again only when the next frame comes: a node that
+		// goes silent right after open-ok would hold the connection for
+		// good. Arm it as the client would (1.5 heartbeats); the client
+		// moves it on with every frame.
+		_ = sock.SetReadDeadline(time.Now().Add(3 * conn.Config.Heartbeat / 2))
 	}
 	if err != nil {
 		if sock != nil {

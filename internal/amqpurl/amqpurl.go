@@ -11,13 +11,17 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkit/idem/internal/configerr"
 )
 
 // ErrMalformed marks a URL, or a list of them, that cannot name a broker.
-var ErrMalformed = errors.New("malformed AMQP URL")
+// It matches idem.ErrConfig.
+var ErrMalformed = configerr.New("malformed AMQP URL")
 
 // Split returns the URLs of list, separated by commas (spaces around them
 // are ignored), each checked by Check. An empty list, or an empty element,
@@ -74,7 +78,12 @@ func Check(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("%w: %s: not a URL", ErrMalformed, Redact(raw))
+		return fmt.Errorf("%w: %s: %s", ErrMalformed, Redact(raw), parseReason(raw, err))
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("%w: %s: port %s is not a port number (1 to 65535)", ErrMalformed, Redact(raw), p)
+		}
 	}
 	if strings.ContainsAny(u.Host, ",;") {
 		return fmt.Errorf("%w: %s: several hosts in one URL; give one URL per node", ErrMalformed, Redact(raw))
@@ -85,21 +94,58 @@ func Check(raw string) error {
 	return nil
 }
 
+// parseReason says why url.Parse refused raw, precisely and without a
+// character of its user info: a bad %-escape or a bad character may be
+// part of the password.
+func parseReason(raw string, err error) string {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return "not a URL"
+	}
+	why := ue.Err.Error()
+	_, rest, _ := strings.Cut(raw, "://")
+	authority, _, _ := strings.Cut(rest, "/")
+	userinfo := ""
+	if i := strings.LastIndex(authority, "@"); i >= 0 {
+		userinfo = authority[:i]
+	}
+	switch {
+	case strings.HasPrefix(why, "invalid URL escape"):
+		esc := strings.Trim(strings.TrimPrefix(why, "invalid URL escape "), `"`)
+		if strings.Contains(userinfo, esc) {
+			return "a bad %-escape in the user name or password: % must start %XX with two hex digits (write %25 for a % itself)"
+		}
+		return fmt.Sprintf("a bad %%-escape %q: %% must start %%XX with two hex digits (write %%25 for a %% itself)", esc)
+	case strings.HasPrefix(why, "invalid port"):
+		return "a bad port" + strings.TrimPrefix(why, "invalid port") + " (a number from 1 to 65535)"
+	case strings.Contains(why, "invalid userinfo"):
+		return "a character the user name or password must percent-encode"
+	case userinfo != "" && strings.Contains(why, userinfo):
+		return "not a URL"
+	}
+	return "cannot be read: " + why
+}
+
 // Redact returns raw with the password of every userinfo in it hidden, for
 // logs and errors: it does not need raw to parse, so that a malformed URL,
 // or several URLs run together, leak no password either.
 func Redact(raw string) string {
-	if strings.Contains(raw, "://") {
-		return userinfo.ReplaceAllString(raw, "${1}${2}:xxxxx@")
+	out := userinfo.ReplaceAllString(raw, "${1}${2}:xxxxx@")
+	if !schemeFirst.MatchString(out) {
+		out = bareUserinfo.ReplaceAllString(out, "${1}:xxxxx@")
 	}
-	return bareUserinfo.ReplaceAllString(raw, "${1}:xxxxx@")
+	return out
 }
 
 // userinfo matches "user:password@" after a scheme, bareUserinfo at the
-// start of a URL without one.
+// start of a URL without one (which may still hold a URL with one further
+// on). A password may hold white space or an unescaped @: such a URL is
+// malformed, and its error quotes it redacted, up to the last @ before the
+// path.
 var (
-	userinfo     = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^:@/\s,;]*):[^@\s]*@`)
-	bareUserinfo = regexp.MustCompile(`^([^:@/\s,;]*):[^@\s]*@`)
+	userinfo     = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^:@/,;]*):[^/]*@`)
+	bareUserinfo = regexp.MustCompile(`^([^:@/,;]*):[^/]*@`)
+	schemeFirst  = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
 )
 
 // RedactAll returns the URLs redacted, comma-separated.
@@ -134,7 +180,7 @@ func scrub(msg string, u *url.URL) string {
 func Nodes(one string, many []string) ([]string, error) {
 	switch {
 	case one != "" && len(many) > 0:
-		return nil, errors.New("set AMQPURL or AMQPURLs, not both")
+		return nil, errBoth
 	case one != "":
 		if err := Check(one); err != nil {
 			return nil, err
@@ -149,5 +195,10 @@ func Nodes(one string, many []string) ([]string, error) {
 	return nil, ErrMissing
 }
 
-// ErrMissing says a configuration names no broker.
-var ErrMissing = errors.New("no broker URL (AMQPURL or AMQPURLs)")
+// errBoth says a configuration names its broker twice. It matches
+// idem.ErrConfig.
+var errBoth = configerr.New("set AMQPURL or AMQPURLs, not both")
+
+// ErrMissing says a configuration names no broker. It matches
+// idem.ErrConfig.
+var ErrMissing = configerr.New("no broker URL (AMQPURL or AMQPURLs)")

@@ -19,15 +19,17 @@ func TestSplitReadsACommaSeparatedListOfNodes(t *testing.T) {
 
 func TestMalformedURLsAreRefusedWithoutTheirPassword(t *testing.T) {
 	for name, raw := range map[string]string{
-		"empty list":         "",
-		"empty element":      "amqp://u:secret@h1/,",
-		"two URLs, no comma": "amqp://u:secret@h1:5681/amqp://u:secret@h2:5682/",
-		"semicolons":         "amqp://u:secret@h1:5681/;amqp://u:secret@h2:5682/",
-		"hosts in authority": "amqp://u:secret@h1:5681,h2:5682/",
-		"bad scheme":         "http://u:secret@h1/",
-		"bad port":           "amqp://u:secret@h1:port/",
-		"white space":        "amqp://u:secret@h1/ x",
-		"no scheme":          "u:secret@h1",
+		"empty list":                  "",
+		"empty element":               "amqp://u:secret@h1/,",
+		"two URLs, no comma":          "amqp://u:secret@h1:5681/amqp://u:secret@h2:5682/",
+		"semicolons":                  "amqp://u:secret@h1:5681/;amqp://u:secret@h2:5682/",
+		"hosts in authority":          "amqp://u:secret@h1:5681,h2:5682/",
+		"bad scheme":                  "http://u:secret@h1/",
+		"bad port":                    "amqp://u:secret@h1:port/",
+		"white space":                 "amqp://u:secret@h1/ x",
+		"no scheme":                   "u:secret@h1",
+		"space in password":           "amqp://u:my secret@h1/",
+		"no scheme, a URL further on": "u:my secret@h1/amqp://x",
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := Split(raw)
@@ -73,6 +75,8 @@ func TestRedactHidesPasswordsEvenInMalformedText(t *testing.T) {
 		"amqp://h1:5672/":      "amqp://h1:5672/",
 		"amqp://user@h1/":      "amqp://user@h1/",
 		"amqps://u:p%40ss@h1/": "amqps://u:xxxxx@h1/",
+		"amqp://u:my pw@h1/":   "amqp://u:xxxxx@h1/",
+		"u:p w@h1/amqp://x":    "u:xxxxx@h1/amqp://x",
 	} {
 		require.Equal(t, want, Redact(raw), raw)
 	}
@@ -94,4 +98,30 @@ func TestNodesTakesOneURLOrAListNeverBoth(t *testing.T) {
 	require.ErrorIs(t, err, ErrMalformed)
 	_, err = Nodes("", []string{"amqp://h1/", "nope"})
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// A URL the parser refuses is reported with the reason, precise enough to
+// fix it, and never with a character of the password, even one the reason
+// is about.
+func TestAMalformedURLSaysWhatIsWrongWithoutThePassword(t *testing.T) {
+	for raw, want := range map[string]string{
+		"amqp://u:s3cret@h1:56x2/":    `a bad port ":56x2" after host`,
+		"amqp://u:s3cret@h1:99999/":   "port 99999 is not a port number (1 to 65535)",
+		"amqp://u:s3cret@h1:0/":       "port 0 is not a port number",
+		"amqp://u:s3%zzcret@h1/":      "a bad %-escape in the user name or password",
+		"amqp://u:s3cret@h1/v%zz":     `a bad %-escape "%zz"`,
+		"amqp://u:s3cret@[::1/":       "missing ']' in host",
+		"amqp://u:s3cret@h1:5672/%2f": "",
+	} {
+		err := Check(raw)
+		if want == "" {
+			require.NoError(t, err, raw)
+			continue
+		}
+		require.ErrorIs(t, err, ErrMalformed, raw)
+		require.Contains(t, err.Error(), want, raw)
+		require.NotContains(t, err.Error(), "s3", raw)
+		require.NotContains(t, err.Error(), "cret", raw)
+		require.NotContains(t, err.Error(), "not a URL", raw)
+	}
 }

@@ -12,19 +12,17 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
-	"github.com/idemkit/idem/internal/tracing"
 )
 
 // batch is one attempt: one transaction over items, with its own
 // bookkeeping (the watch that supervised shares, the rows its handlers
-// wrote, its spans).
+// wrote, its spans). The batch's stages are methods of their own files:
+// this one begins, claims, commits and ends it; handlers.go runs its
+// handlers.
 type batch struct {
 	e        *Engine
 	rules    *rules
@@ -47,12 +45,26 @@ type batch struct {
 	batchHctx handlerContext
 	unclaim   []string       // claims of Held items, removed before commit
 	stopAt    int            // InOrder: index of the first retried item, -1 for none
+	keyStops  map[string]int // byKey: index of the first item of each key retried or waiting
 	done      []bool         // items whose handler completed
 	runnable  []int          // the items claimed, in batch order
 	decisions []inbox.Result // their claims, indexed like items
 	ended     bool           // a handler ended the transaction past the guard
 	keys      []uint64       // the rows the batch's handlers wrote (see writeKeys)
 	gone      bool           // abandoned: its write keys were released for good (guarded by writeKeys.mu)
+	// expire ends the handlers' context (handlerCtx) with its cause: the
+	// watch calls it when a handler runs past its deadline, end when the
+	// attempt is over.
+	expire context.CancelCauseFunc
+	// abandoned reports that the supervisor abandoned the attempt while a
+	// handler ran: its connection is not the attempt's any more.
+	abandoned bool
+	// took is how long each handler that returned ran, commitTook how long
+	// the commit took (0: no commit): recorded when the attempt ends. A
+	// batch of one or two messages keeps took in tookBuf.
+	took       []time.Duration
+	tookBuf    [2]time.Duration
+	commitTook time.Duration
 }
 
 // attempt runs items once, in one transaction, and returns each item's
@@ -84,39 +96,44 @@ func (e *Engine) newBatch(ctx context.Context, items []*Item, p *rules, pl *plan
 	b := &batch{e: e, rules: p, plan: pl, items: items, watch: w, stopAt: -1, scope: p.scope,
 		done: make([]bool, len(items)), results: make([]Result, len(items)), ctxs: make([]context.Context, len(items)),
 		spans: make([]trace.Span, len(items)), hctxs: make([]handlerContext, len(items))}
+	b.took = b.tookBuf[:0]
+	if len(items) > len(b.tookBuf) {
+		b.took = make([]time.Duration, 0, len(items))
+	}
 	if !pl.savepoints && p.inbox == inboxClaim {
 		b.deferred = &idem.Deferred{} // handlers' writes that can wait for the end of the batch
 		ctx = idem.WithDeferred(ctx, b.deferred)
 	}
-	ctx, expire := context.WithCancelCause(ctx)
-	w.arm(expire) // the handlers' deadline, which the supervisor enforces
-	b.handlerCtx = ctx
-	for i, it := range items {
-		b.ctxs[i], b.spans[i] = e.tel.startSpan(ctx, it, len(items))
-		if p.messageContext != nil {
+	// The handlers' deadline, which the supervisor enforces (see watch).
+	b.handlerCtx, b.expire = context.WithCancelCause(ctx)
+	e.tel.startBatch(b.handlerCtx, items, b.ctxs, b.spans)
+	if p.messageContext != nil {
+		for i, it := range items {
 			b.ctxs[i] = p.messageContext(b.ctxs[i], it)
 		}
 	}
-	e.tel.batchSize.Record(ctx, int64(len(items)), e.tel.baseRecord...)
 	return b
 }
 
-// end closes the attempt's spans and, unless it committed, rolls back.
+// end records the attempt (its spans, its timings), rolls back unless it
+// committed, and ends the handlers' context.
 func (b *batch) end(err error) {
-	ex, _ := errors.AsType[*excludeError](err)
-	for i, span := range b.spans {
-		r := b.results[i]
-		switch {
-		case ex != nil && ex.index == i:
-			r = ex.result
-		case err != nil:
-			r = Result{Outcome: idem.Unresolved, Err: err}
+	defer b.expire(context.Canceled) // once the attempt is over
+	final := b.results
+	if err != nil {
+		ex, _ := errors.AsType[*excludeError](err)
+		final = make([]Result, len(b.results))
+		for i := range final {
+			final[i] = Result{Outcome: idem.Unresolved, Err: err}
+			if ex != nil && ex.index == i {
+				final[i] = ex.result
+			}
 		}
-		endSpan(span, r)
 	}
+	b.e.tel.endBatch(b.handlerCtx, b.spans, final, b.took, b.commitTook)
 	// The rows stay named until the transaction that locked them ended.
 	defer b.e.keys.release(b, b.keys)
-	if b.conn == nil || !b.watch.release() {
+	if b.conn == nil || b.abandoned {
 		return // never began, or abandoned: the connection is not ours any more
 	}
 	if b.tx != nil {
@@ -143,7 +160,6 @@ func (b *batch) begin(ctx context.Context) error {
 		return &batchError{err: fmt.Errorf("acquire a connection: %w", err)}
 	}
 	b.conn = conn
-	b.watch.hold(conn, b)
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.e.beginSQL(conn, b.rules, b.plan)})
 	if err != nil {
 		return &batchError{err: fmt.Errorf("begin: %w", err)}
@@ -156,9 +172,16 @@ func (b *batch) begin(ctx context.Context) error {
 // bounded bounds one of the runtime's own statements: a lock wait of wait
 // at most, then CommitTimeout more, so that a connection that stopped
 // answering (a half-open socket after a failover) fails the attempt instead
-// of hanging it.
+// of hanging it. Until the returned function is called, the statement is
+// one the runtime waits on (Vitals.Unanswered): readiness sees one that goes
+// unanswered long before CommitTimeout ends it.
 func (b *batch) bounded(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, wait+b.e.cfg.CommitTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wait+b.e.cfg.CommitTimeout)
+	answered := b.e.Vitals.calls.Begin(wait)
+	return ctx, func() {
+		answered()
+		cancel()
+	}
 }
 
 // checkInterval is client_connection_check_interval inside batches.
@@ -243,6 +266,9 @@ func (b *batch) decideFixed() []int {
 			if b.rules.inOrder && b.results[i].Outcome == idem.Retried {
 				b.stopAt = i
 			}
+			if b.rules.byKey && !b.results[i].Outcome.Final() {
+				b.stopKey(i)
+			}
 		case b.rules.selected != nil && !b.rules.selected(it.Message):
 			b.results[i] = Result{Outcome: idem.Skipped} // untouched, even if invalid
 		case it.Reject != nil:
@@ -288,6 +314,9 @@ func (b *batch) claim(ctx context.Context, runnable []int) ([]inbox.Result, erro
 	got, err := b.e.decide(ctx, b.tx, claims, b.rules, b.plan)
 	if errors.Is(err, inbox.ErrClaimed) {
 		return nil, errAlreadyClaimed
+	}
+	if errors.Is(err, inbox.ErrLayoutChanged) {
+		return nil, errLayoutChanged
 	}
 	if err != nil {
 		return nil, failed(err)
@@ -346,13 +375,17 @@ func (b *batch) commit(ctx context.Context) error {
 	defer cancel()
 	start := time.Now()
 	err := b.tx.Commit(cctx)
-	b.e.tel.commitDur.Record(ctx, time.Since(start).Seconds(), b.e.tel.baseRecord...)
+	b.commitTook = max(time.Since(start), time.Nanosecond)
 	if err != nil {
 		return failed(fmt.Errorf("commit: %w", err))
 	}
 	b.e.Counts.Batches.Add(1)
-	if b.rules.committed != nil {
-		b.rules.committed(b.items, b.results)
+	if b.rules.settled != nil {
+		for i, r := range b.results {
+			if r.Outcome.Final() {
+				b.rules.settled[b.items[i].Offset] = true
+			}
+		}
 	}
 	if b.rules.afterCommit != nil {
 		b.rules.afterCommit()
@@ -376,56 +409,79 @@ func (b *batch) hasRecords() bool {
 	return false
 }
 
-// watch is what the supervisor of an attempt knows about it: which handler
-// runs, since when, and whether the attempt was abandoned. The attempt's
-// goroutine owns its connection except while a handler runs; the
-// supervisor may take it then, and only then (see abandon.go). The handler
-// stage marks its handlers in and out (enter, leave: handlers.go).
-type watch struct {
-	mu        sync.Mutex
-	conn      *pgxpool.Conn
-	owner     *batch
-	inHandler bool
-	index     int // the item whose handler runs; -1 for the batch handler
-	started   time.Time
-	abandoned bool
-	// expire ends the handlers' context with errHandlerDeadline. The
-	// supervisor calls it, under mu, only while a handler that ran past its
-	// deadline is still in the watch; the attempt then ends (see call), so
-	// no later handler ever sees the ended context. One cancellable context
-	// per attempt costs far less than a timer per handler.
-	expire  context.CancelCauseFunc
-	expired bool
+// writeKeys is the in-process table of the rows that batches in flight
+// have written, as far as the runtime can name a row without parsing SQL: a
+// write statement's text with all its arguments (rowKey). Two handlers that
+// run the same statement with the same arguments (UPDATE accounts SET
+// balance = balance + 1 WHERE id = $1, with one account) write the same
+// row; the second would wait for the first batch to commit, or deadlock
+// with it. Instead, a message whose first write names a row another batch
+// in flight already wrote is postponed: nothing of it was written yet, so
+// it leaves its batch and runs in a later one. Statements that differ in any
+// argument get different keys, so the table never postpones on a guess;
+// conflicts it cannot name are left to PostgreSQL (lock_timeout, then a
+// retry).
+//
+// A message that cannot be postponed (it wrote already, or was postponed
+// often enough) writes the row anyway, after the other batch's lock: its
+// batch then holds the row too, and the key stays in the table until every
+// batch that holds it has ended (release, when the attempt ends), so that
+// no third batch takes the row for free and waits on a lock the table does
+// not show.
+type writeKeys struct {
+	mu   sync.Mutex
+	rows map[uint64]holders
 }
 
-func (w *watch) hold(conn *pgxpool.Conn, b *batch) {
-	w.mu.Lock()
-	w.conn, w.owner = conn, b
-	w.mu.Unlock()
+// holders are the batches in flight that wrote one row: first, and, rarely,
+// more that wrote it after first's lock.
+type holders struct {
+	first *batch
+	more  []*batch
 }
 
-// arm hands the watch the function that ends the attempt's handler context.
-func (w *watch) arm(expire context.CancelCauseFunc) {
-	w.mu.Lock()
-	w.expire = expire
-	w.mu.Unlock()
-}
+func newWriteKeys() *writeKeys { return &writeKeys{rows: map[uint64]holders{}} }
 
-// finish ends the attempt's handler context, once the attempt is over or
-// abandoned.
-func (w *watch) finish() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.expire != nil {
-		w.expire(context.Canceled)
+// take records that b writes the row named key, and reports whether b
+// holds it alone: no other batch in flight wrote it. When another did, b is
+// recorded only if force (it writes the row anyway). An abandoned batch is
+// never recorded: its keys were released for good.
+func (k *writeKeys) take(b *batch, key uint64, force bool) (alone bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if b.gone {
+		return true
 	}
+	h, ok := k.rows[key]
+	switch {
+	case !ok:
+		k.rows[key] = holders{first: b}
+		return true
+	case h.first == b && len(h.more) == 0:
+		return true
+	case force && h.first != b && !slices.Contains(h.more, b):
+		h.more = append(h.more, b)
+		k.rows[key] = h
+	}
+	return false
 }
 
-// release reports whether the connection is still the attempt's to release.
-func (w *watch) release() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return !w.abandoned
+// drop removes b from the holders of key; mu must be held.
+func (k *writeKeys) drop(b *batch, key uint64) {
+	h, ok := k.rows[key]
+	if !ok {
+		return
+	}
+	if h.first == b {
+		if len(h.more) == 0 {
+			delete(k.rows, key)
+			return
+		}
+		h.first, h.more = h.more[0], h.more[1:]
+	} else {
+		h.more = slices.DeleteFunc(h.more, func(o *batch) bool { return o == b })
+	}
+	k.rows[key] = h
 }
 
 // release forgets that b holds the rows named keys: its transaction ended.
@@ -440,62 +496,23 @@ func (k *writeKeys) release(b *batch, keys []uint64) {
 	k.mu.Unlock()
 }
 
-// startSpan starts the process span of one message, a child of the trace
-// context found in its headers (W3C trace context by default), named and
-// attributed after the messaging semantic conventions: for a queue the
-// destination is the exchange the message was published to (with its
-// routing key and the delivery tag), for a stream the stream.
-func (t *Telemetry) startSpan(ctx context.Context, it *Item, batchSize int) (context.Context, trace.Span) {
-	if len(it.Headers) > 0 {
-		ctx = tracing.Propagator(nil).Extract(ctx, tracing.AMQPCarrier(it.Headers))
+// abandon marks b abandoned and forgets every row it holds, from another
+// goroutine than b's own: its handler still runs, and whatever it writes
+// from now on is not recorded (its backend is being terminated).
+func (k *writeKeys) abandon(b *batch) {
+	k.mu.Lock()
+	b.gone = true
+	for key, h := range k.rows {
+		if h.first == b || slices.Contains(h.more, b) {
+			k.drop(b, key)
+		}
 	}
-	ctx, span := t.tracer.Start(ctx, "process "+it.Source, t.spanStart...)
-	if !span.IsRecording() {
-		return ctx, span // tracing is off: build no attributes
-	}
-	destination := it.Exchange
-	if it.HasOffset {
-		destination = it.Source
-	}
-	span.SetAttributes(
-		semconv.MessagingSystemRabbitMQ,
-		semconv.MessagingOperationTypeProcess,
-		semconv.MessagingOperationName("process"),
-		semconv.MessagingDestinationName(destination),
-		semconv.MessagingDestinationSubscriptionName(it.Source),
-		semconv.MessagingConsumerGroupName(t.name),
-		semconv.MessagingMessageID(it.ID),
-		semconv.MessagingMessageBodySize(len(it.Body)),
-		semconv.MessagingBatchMessageCount(batchSize),
-	)
-	if it.CorrelationID != "" {
-		span.SetAttributes(semconv.MessagingMessageConversationID(it.CorrelationID))
-	}
-	if it.RoutingKey != "" {
-		span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(it.RoutingKey))
-	}
-	if it.DeliveryTag != 0 {
-		span.SetAttributes(semconv.MessagingRabbitMQMessageDeliveryTag(int(it.DeliveryTag)))
-	}
-	if it.HasOffset {
-		span.SetAttributes(attribute.String("messaging.rabbitmq.stream.offset", strconv.FormatInt(it.Offset, 10)))
-	}
-	return ctx, span
+	k.mu.Unlock()
 }
 
-// endSpan records the message's outcome on its span.
-func endSpan(span trace.Span, r Result) {
-	if !span.IsRecording() {
-		span.End()
-		return
-	}
-	span.SetAttributes(attribute.String("idem.outcome", r.Outcome.String()))
-	if r.Reason != "" {
-		span.SetAttributes(attribute.String("idem.dead_letter.reason", r.Reason))
-	}
-	if r.Err != nil && r.Outcome != idem.Processed {
-		span.SetStatus(codes.Error, r.Err.Error())
-		span.SetAttributes(semconv.ErrorTypeKey.String(r.Outcome.String()))
-	}
-	span.End()
+// held is how many rows the table holds (tests).
+func (k *writeKeys) held() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.rows)
 }

@@ -1,75 +1,3 @@
-// Package engine is idem's one batch pipeline. A source (the AMQP queue, a
-// stream, a replay, consumer.Process) hands it messages; the engine derives
-// their identity, runs a batch of them in one PostgreSQL transaction — claim
-// every id in the inbox with one statement, run the handler of each new
-// message (back to back, or in a savepoint each), flush deferred writes,
-// write dead-letter rows and attempt counts, commit — and reports each
-// message's Result. The source then acks, checkpoints or retries, and counts.
-//
-// Around that transaction the engine holds every policy the sources share:
-// the fallbacks (a duplicate met by a plain INSERT claim, a handler error in
-// a batch without savepoints), the retry of a failed transaction (split in
-// halves, cheap conflicts through a short lock_timeout), the handler
-// deadline and the abandonment of a handler that ignores it, the isolation
-// of suspected poison messages, the admission of concurrent batches, and the
-// one ordered loop that streams and replays use. What differs from source to
-// source is its policy, one type per source: Queue for Run and RunAlone,
-// Ordered for RunOrdered (a stream reader, each replay mode), none for
-// RunWithoutRetries (consumer.Process). policy.go turns each into the rules
-// a batch reads.
-//
-// # The path of a message
-//
-// A new message from a queue, on its way to success, runs in eight files
-// of the runtime, from the moment its delivery is on the channel until it
-// is acked and counted, none entered by a call more than twice (make path
-// measures it):
-//
-//  1. consumer/source.go: the session's router takes each
-//     delivery off the channel (burst).
-//  2. consumer/window.go: take puts the delivery in the
-//     session's window of unsettled deliveries: the acker will ack it, the
-//     gate counts its bytes. Back in burst, message makes it its
-//     idem.Message.
-//  3. internal/engine/engine.go: PrepareAll derives each message's identity
-//     (derive: hash, id, business key) or its rejection, and wraps it in an
-//     Item. Back in source.go, route hands it to a worker (by ordering key),
-//     the worker collects a batch and runBatch calls Engine.Run with the
-//     queue's policy.
-//  4. internal/engine/run.go: Run turns the policy into the batch's rules
-//     (policy.go: Queue.rules, the one call into that file), admits the
-//     batch (the governor), runs it once (once, the cheapest way that
-//     works) on a goroutine of its own under a supervisor (supervised), and
-//     retries or splits a batch whose transaction fails.
-//  5. internal/engine/attempt.go: attempt is the transaction: newBatch,
-//     begin (beginSQL: lock bounds, the batch lock), decideFixed, claim.
-//  6. inbox/claim.go: ClaimNewBatch checks the claims and inserts them with
-//     one statement. Back in attempt.go, claim hands the decisions on.
-//  7. internal/engine/handlers.go: runHandlers runs each new message's
-//     handler under its deadline (runOne, call, handle), through the
-//     guarded transaction (handlerTx), and decides its result. Back in
-//     attempt.go, commit flushes what the handlers deferred, writes the
-//     records a failure leaves (hasRecords) and commits; end closes the
-//     spans and releases the rows the batch wrote and the connection.
-//     Back in run.go, supervised and the governor let the batch go.
-//  8. consumer/window.go again: back in source.go, runBatch
-//     calls settle, which acks the batch (one multiple ack when it can) and
-//     gives its bytes back; engine.go again: Count adds the results to the
-//     counters and metrics.
-//
-// Besides these, the path calls value methods of package idem (HashBytes,
-// Outcome.Final and Copied, the Deferred writes), internal/sqltext (the
-// guard reads each handler statement's first word) and internal/amqpconn
-// (the ack's write deadline, and the session's gate, through which the AMQP
-// client's reader read the delivery off the socket).
-//
-// A handler that defers its writes (consumer.Defer) adds the flush of
-// package idem's Deferred; a duplicate takes the claim's second statement
-// (ClaimBatch); a failure goes through records.go (dead-letter rows,
-// attempt counts) and consumer/copies.go (the retry or dead-letter
-// copy). A stream or a replay enters run.go through RunOrdered
-// (ordered.go). A partitioned queue (consumer/partitioned.go) runs step
-// 1 once per partition its process holds, each a queueSource of its own.
 package engine
 
 import (
@@ -93,6 +21,7 @@ import (
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/health"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/canonjson"
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/safetext"
 )
@@ -195,7 +124,7 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{cfg: cfg, inbox: ib, dead: dead, gov: newGovernor(cfg.MaxConcurrency), keys: newWriteKeys(),
 		sql: newStatements(cfg.Tables), serialKey: pglock.Key("idem/batches/" + cfg.Tables.WithDefaults().Schema + "/" + cfg.Name),
 		DB: health.NewDatabase(cfg.Pool, "consumer "+cfg.Name+" database")}
-	if e.tel, err = newTelemetry(cfg.Name, cfg.Source, cfg.MeterProvider, cfg.TracerProvider, e.Lag.Value); err != nil {
+	if e.tel, err = newTelemetry(cfg.Name, cfg.Source, cfg.MeterProvider, cfg.TracerProvider, e.Lag.Value, &e.Counts); err != nil {
 		return nil, fmt.Errorf("engine: telemetry: %w", err)
 	}
 	return e, nil
@@ -226,7 +155,7 @@ const prepareChunk = 256
 // the largest part of the runtime's own CPU per message there, and the
 // database is idle meanwhile.
 func (e *Engine) PrepareAll(msgs []idem.Message) []*Item {
-	e.tel.consumed.Add(context.Background(), int64(len(msgs)), e.tel.consumedOpt...)
+	e.Counts.consumed.Add(int64(len(msgs)))
 	now := time.Now()
 	out := make([]*Item, len(msgs))
 	parts := min(runtime.GOMAXPROCS(0), len(msgs)/prepareChunk)
@@ -290,20 +219,24 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 		e.tel.Limit("headers")
 		return reject(deadletters.ReasonTooManyHeaders, fmt.Errorf("message has %d headers, limit is %d", len(m.Headers), e.cfg.MaxHeaders))
 	}
+	var hashErr error
 	if e.cfg.Hash == nil {
 		m.Hash = idem.HashBytes(m.Body)
-	} else {
-		h, err := e.cfg.Hash(m.Body)
-		if err != nil {
-			return reject(deadletters.ReasonDecodeError, fmt.Errorf("hash payload: %w", err))
-		}
-		m.Hash = h
+	} else if m.Hash, hashErr = e.cfg.Hash(m.Body); hashErr != nil {
+		m.Hash = idem.HashBytes(m.Body)
 	}
 	id, err := m.MessageID, error(nil)
 	if e.cfg.MessageID != nil {
 		id, err = e.cfg.MessageID(m)
 	}
+	if err == nil {
+		err = canonjson.CheckID(id) // refused, never repaired, whatever the id's source
+	}
 	switch {
+	case errors.Is(err, idem.ErrInvalidID): // named so even in a body the hash refuses too
+		return reject(deadletters.ReasonInvalidID, err)
+	case hashErr != nil:
+		return reject(deadletters.ReasonDecodeError, fmt.Errorf("hash payload: %w", hashErr))
 	case err != nil:
 		return reject(deadletters.ReasonInvalidMessageID, err)
 	case id == "":
@@ -311,8 +244,6 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 	case len(id) > e.cfg.MaxIDBytes:
 		e.tel.Limit("id_bytes")
 		return reject(deadletters.ReasonInvalidMessageID, fmt.Errorf("message id has %d bytes, limit is %d", len(id), e.cfg.MaxIDBytes))
-	case !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0:
-		return reject(deadletters.ReasonInvalidMessageID, errors.New("message id is not valid UTF-8 text"))
 	}
 	m.ID = id
 	if e.cfg.BusinessKey != nil {
@@ -328,66 +259,102 @@ func (e *Engine) derive(m *idem.Message) *Reject {
 	return nil
 }
 
-// Counters count what the engine and its sources did.
+// Counters count what the engine and its sources did. The metrics of
+// messages received, by outcome, by inbox decision and by dead-letter
+// reason observe them (see Telemetry): Stats and the metrics read one count.
 type Counters struct {
-	Processed, Duplicates, Conflicts, DeadLettered, Retried, Unresolved atomic.Int64
-	Batches, AcksDropped, Reconnects, Abandoned, Contention, Postponed  atomic.Int64
+	// Conflicts counts the payload conflicts, which ByOutcome counts as
+	// dead letters.
+	Conflicts                                               atomic.Int64
+	Batches, AcksDropped, Reconnects, Abandoned, Contention atomic.Int64
+	// OrderGaps counts the dead letters of a queue with an ordering key:
+	// their key's later messages were applied without them.
+	OrderGaps atomic.Int64
 	// ByOutcome counts the results of every outcome, indexed by
 	// idem.Outcome, a payload conflict as a dead letter: an outcome added
 	// to idem is counted here, in consumer.Stats and in the metric without
 	// more code.
 	ByOutcome [idem.MaxOutcome + 1]atomic.Int64
+
+	// consumed counts the messages received (PrepareAll); outcomes the
+	// results by outcome as the metric counts them, a payload conflict apart
+	// (in Conflicts); decisions the inbox's decisions; reasons the dead
+	// letters by reason (string to *atomic.Int64).
+	consumed  atomic.Int64
+	outcomes  [idem.MaxOutcome + 1]atomic.Int64
+	decisions [inbox.Conflict + 1]atomic.Int64
+	reasons   sync.Map
 }
 
-// Count adds a batch's results to the counters and metrics: by outcome (a
-// payload conflict counts as a dead letter, and as a conflict in the
-// metric), inbox decision and dead-letter reason. Sources call it once they
-// have acted on the results (the broker was told).
-func (e *Engine) Count(ctx context.Context, res []Result) {
-	k, t := &e.Counts, e.tel
-	counts := map[idem.Outcome]int64{}
+// Count adds a batch's results to the counters, which the metrics observe:
+// by outcome (a payload conflict counts as a dead letter, and as a conflict
+// in the metric), inbox decision and dead-letter reason. Sources call it
+// once they have acted on the results (the broker was told).
+func (e *Engine) Count(_ context.Context, res []Result) { e.Counts.add(res) }
+
+// add counts res (see Count).
+func (k *Counters) add(res []Result) {
+	var counts [idem.MaxOutcome + 1]int64
 	var conflicts int64
-	decisions := map[inbox.Decision]int64{}
 	for _, r := range res {
-		if r.Inbox != 0 {
-			decisions[r.Inbox]++
+		if r.Inbox > 0 && int(r.Inbox) < len(k.decisions) {
+			k.decisions[r.Inbox].Add(1)
 		}
 		switch {
 		case r.Outcome == idem.DeadLettered && r.Reason == deadletters.ReasonPayloadConflict:
 			conflicts++
-		default:
+		case r.Outcome <= idem.MaxOutcome:
 			counts[r.Outcome]++
 		}
 		if r.Outcome == idem.DeadLettered {
-			t.deadLetters.Add(ctx, 1, t.with(reasonAttr(r.Reason)))
+			k.reason(r.Reason).Add(1)
 		}
 	}
-	k.Processed.Add(counts[idem.Processed])
-	k.Duplicates.Add(counts[idem.Duplicate])
 	k.Conflicts.Add(conflicts)
-	k.DeadLettered.Add(counts[idem.DeadLettered] + conflicts)
-	k.Retried.Add(counts[idem.Retried])
-	k.Unresolved.Add(counts[idem.Unresolved])
-	k.Postponed.Add(counts[idem.Postponed])
-	if conflicts > 0 {
-		t.messages.Add(ctx, conflicts, t.conflictOpt...)
-	}
 	for o, n := range counts {
-		if opts, ok := t.byOutcome[o]; ok && n > 0 {
-			t.messages.Add(ctx, n, opts...)
+		if n > 0 {
+			k.outcomes[o].Add(n)
 		}
 	}
 	counts[idem.DeadLettered] += conflicts
 	for o, n := range counts {
-		if o <= idem.MaxOutcome && n > 0 {
+		if n > 0 {
 			k.ByOutcome[o].Add(n)
 		}
 	}
-	for d, n := range decisions {
-		if opts, ok := t.byDecision[d]; ok {
-			t.decisions.Add(ctx, n, opts...)
-		}
+}
+
+// reason is the counter of the dead letters with reason.
+func (k *Counters) reason(reason string) *atomic.Int64 {
+	if n, ok := k.reasons.Load(reason); ok {
+		return n.(*atomic.Int64)
 	}
+	n, _ := k.reasons.LoadOrStore(reason, new(atomic.Int64))
+	return n.(*atomic.Int64)
+}
+
+// counted is what the metrics observe of the counters (see Telemetry).
+type counted struct {
+	consumed, conflicts int64
+	outcomes            [idem.MaxOutcome + 1]int64
+	decisions           [inbox.Conflict + 1]int64
+	reasons             map[string]int64
+}
+
+// counted reads the counters the metrics observe.
+func (k *Counters) counted() counted {
+	c := counted{consumed: k.consumed.Load(), conflicts: k.Conflicts.Load(), reasons: map[string]int64{}}
+	for o := range c.outcomes {
+		c.outcomes[o] = k.outcomes[o].Load()
+	}
+	for d := range c.decisions {
+		c.decisions[d] = k.decisions[d].Load()
+	}
+	k.reasons.Range(func(r, n any) bool {
+		c.reasons[r.(string)] = n.(*atomic.Int64).Load()
+		return true
+	})
+	return c
 }
 
 // Lag is a stream consumer's position: the last committed checkpoint and
@@ -404,34 +371,8 @@ func (l *Lag) Value() (int64, bool) {
 	return max(l.Tail.Load()-l.Checkpoint.Load(), 0), true
 }
 
-// Key is what consumer.Consumer.Engine asks for. Only the module's own
-// packages (consumer/stream, replay) can call ModuleKey, so only they can
-// reach a consumer's engine: there is no global seam between the packages.
-// Another module can only make the zero Key (a generic function's zero
-// value), which Check refuses.
-type Key struct{ valid bool }
-
-// ModuleKey returns the Key that opens a consumer's engine.
-func ModuleKey() Key { return Key{valid: true} }
-
-// Check panics unless k came from ModuleKey: a program outside idem reached
-// for an engine it must not drive.
-func (k Key) Check() {
-	if !k.valid {
-		panic("idem: a consumer's engine is for idem's own packages")
-	}
-}
-
 // SetHandler sets the handler that runs one message. Call it before the
 // engine runs a batch.
 func (e *Engine) SetHandler(h func(ctx context.Context, tx pgx.Tx, m *idem.Message) error) {
 	e.cfg.Handler = h
-}
-
-// SetSource names the source the engine's messages come from when the
-// consumer that built it was not given one: a stream. Call it before the
-// engine runs a batch.
-func (e *Engine) SetSource(source string) {
-	e.cfg.Source = source
-	e.tel.setSource(source)
 }

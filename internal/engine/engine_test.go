@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -16,8 +17,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/store"
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/faultproxy"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 )
 
 // fixture is an engine on a fresh schema with an accounts table; items
@@ -348,6 +350,44 @@ func TestSuspectIsDeadLetteredAfterItsWorkerDiedMaxCrashesTimes(t *testing.T) {
 	require.Zero(t, rows, "settled messages leave no attempts rows")
 }
 
+// A suspect whose start cannot be counted, the database refusing
+// connections, is not handed back at once: the broker would deliver it
+// again within milliseconds, a suspect again each time, until its delivery
+// limit dead-lettered it with no row. RunAlone tries the mark again, as a
+// batch tries its transaction, and runs the message once the database
+// answers.
+func TestASuspectWaitsForTheDatabaseInsteadOfGoingBackToTheBroker(t *testing.T) {
+	t.Parallel()
+	u, err := url.Parse(testdb.URL())
+	require.NoError(t, err)
+	proxy := faultproxy.New(t, u.Host)
+	u.Host = proxy.Addr()
+	pool, err := pgxpool.New(context.Background(), u.String())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	t.Cleanup(proxy.Resume) // before the pool closes its connections
+	f := newFixture(t, nil, func(c *Config) { c.Pool = pool })
+
+	proxy.Refuse()
+	suspect := item("suspect", 1)
+	suspect.Suspect = true
+	done := make(chan Result, 1)
+	go func() { done <- f.eng.RunAlone(context.Background(), suspect, Queue{Ordered: true}) }() // owned: waited for below
+	select {
+	case r := <-done:
+		t.Fatalf("RunAlone handed the suspect back during the outage: %v (%v)", r.Outcome, r.Err)
+	case <-time.After(2 * time.Second):
+	}
+	proxy.Resume()
+	select {
+	case r := <-done:
+		require.Equal(t, idem.Processed, r.Outcome, "%v", r.Err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("RunAlone did not run the suspect within 30s of the database answering again")
+	}
+	require.Equal(t, 1, f.balance(1))
+}
+
 // A handler error in a batch that commits nothing else is retried from the
 // attempts table: the next delivery sees the next attempt number.
 func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
@@ -365,11 +405,4 @@ func TestFailedAttemptsAreCountedInTheAttemptsTable(t *testing.T) {
 		require.Len(t, res, 1)
 	}
 	require.Equal(t, 3, seen[len(seen)-1], "attempts: %v", seen)
-}
-
-// Only ModuleKey opens an engine: the zero Key, which a program outside
-// idem can make with a generic function, is refused.
-func TestOnlyTheModuleKeyOpensAnEngine(t *testing.T) {
-	require.Panics(t, func() { Key{}.Check() })
-	require.NotPanics(t, func() { ModuleKey().Check() })
 }

@@ -8,13 +8,13 @@ import (
 
 func TestGovernorHalvesOnContentionAndRecoversAfterARunOfCleanBatches(t *testing.T) {
 	g := newGovernor(8)
-	g.done(true, false, false)
-	g.done(true, false, false)
+	g.done(false, true, false, false)
+	g.done(false, true, false, false)
 	if g.limit != 2 {
 		t.Fatalf("limit %d after two conflicts, want 2", g.limit)
 	}
 	for range 2 {
-		g.done(false, false, false)
+		g.done(false, false, false, false)
 	}
 	if g.limit != 3 {
 		t.Fatalf("limit %d after a clean run, want 3", g.limit)
@@ -24,36 +24,32 @@ func TestGovernorHalvesOnContentionAndRecoversAfterARunOfCleanBatches(t *testing
 func TestGovernorSerializesAcrossProcessesWhenASoloBatchConflictsAndProbesLater(t *testing.T) {
 	g := newGovernor(1)
 	ctx := context.Background()
-	release, serial, solo, ok := g.admit(ctx, nil)
+	serial, solo, ok := g.admit(ctx, nil)
 	if !ok || serial || !solo {
 		t.Fatalf("first batch: serial %v solo %v ok %v", serial, solo, ok)
 	}
-	release()
-	g.done(true, serial, solo) // alone in this process, yet it conflicted: another process
-	release, serial, _, _ = g.admit(ctx, nil)
-	release()
+	g.done(true, true, serial, solo) // alone in this process, yet it conflicted: another process
+	serial, _, _ = g.admit(ctx, nil)
 	if !serial {
 		t.Fatal("after a solo conflict, batches must take the consumer's lock")
 	}
-	g.done(false, true, true)
+	g.done(true, false, true, true)
 	g.mu.Lock()
 	g.serialUntil = time.Now().Add(-time.Millisecond) // the probe is due
 	g.mu.Unlock()
-	release, serial, _, _ = g.admit(ctx, nil)
-	release()
+	serial, _, _ = g.admit(ctx, nil)
 	if serial {
 		t.Fatal("the due probe must run without the lock")
 	}
-	g.done(true, false, true) // the probe conflicted: stay serialized
+	g.done(true, true, false, true) // the probe conflicted: stay serialized
 	if g.serialUntil.IsZero() {
 		t.Fatal("a conflicting probe must keep batches serialized")
 	}
 	g.mu.Lock()
 	g.serialUntil = time.Now().Add(-time.Millisecond)
 	g.mu.Unlock()
-	release, serial, _, _ = g.admit(ctx, nil)
-	release()
-	g.done(false, serial, true) // a clean probe
+	serial, _, _ = g.admit(ctx, nil)
+	g.done(true, false, serial, true) // a clean probe
 	if !g.serialUntil.IsZero() {
 		t.Fatal("a clean probe must end the serialization")
 	}
@@ -62,7 +58,7 @@ func TestGovernorSerializesAcrossProcessesWhenASoloBatchConflictsAndProbesLater(
 func TestExclusiveRunWaitsForRunningBatchesAndHoldsNewOnesBack(t *testing.T) {
 	g := newGovernor(4)
 	ctx := context.Background()
-	release, _, _, _ := g.admit(ctx, nil)
+	g.admit(ctx, nil)
 	got := make(chan func(), 1)
 	go func() {
 		r, ok := g.exclusive(ctx, nil)
@@ -78,10 +74,10 @@ func TestExclusiveRunWaitsForRunningBatchesAndHoldsNewOnesBack(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if _, _, _, ok := g.admit(short, nil); ok {
+	if _, _, ok := g.admit(short, nil); ok {
 		t.Fatal("a new batch was admitted while a suspect waited to run alone")
 	}
-	release()
+	g.done(true, false, false, false)
 	select {
 	case r := <-got:
 		r()
@@ -95,7 +91,7 @@ func TestExclusiveRunWaitsForRunningBatchesAndHoldsNewOnesBack(t *testing.T) {
 // and less often while the contention lasts.
 func TestGovernorProbesLessOftenWhileContentionLasts(t *testing.T) {
 	g := newGovernor(1)
-	g.done(true, false, true) // a conflict with another process
+	g.done(false, true, false, true) // a conflict with another process
 	first := g.probeAfter
 	if first != minProbeAfter {
 		t.Fatalf("first serialization probes after %s, want %s", first, minProbeAfter)
@@ -103,10 +99,9 @@ func TestGovernorProbesLessOftenWhileContentionLasts(t *testing.T) {
 	g.mu.Lock()
 	g.serialUntil = time.Now().Add(-time.Millisecond)
 	g.mu.Unlock()
-	release, serial, _, _ := g.admit(context.Background(), nil)
-	release()
-	g.done(false, serial, true) // the probe went through
-	g.done(true, false, true)   // and batches conflict again at once
+	serial, _, _ := g.admit(context.Background(), nil)
+	g.done(true, false, serial, true) // the probe went through
+	g.done(false, true, false, true)  // and batches conflict again at once
 	if g.probeAfter != 2*first {
 		t.Fatalf("probe after %s, want %s", g.probeAfter, 2*first)
 	}

@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
@@ -31,7 +31,7 @@ func (b *batch) runHandlers(ctx context.Context, runnable []int, decisions []inb
 	savepoint := false
 	for _, i := range runnable {
 		it, d := b.items[i], decisions[i]
-		if b.stopAt >= 0 && i > b.stopAt {
+		if b.stopAt >= 0 && i > b.stopAt || b.keyStopped(i) {
 			b.results[i] = Result{Outcome: idem.Held}
 			if d.Decision == inbox.NewMessage && b.rules.inbox != inboxLook {
 				b.unclaim = append(b.unclaim, it.ID)
@@ -133,17 +133,38 @@ func notRun(it *Item, d inbox.Result) Result {
 		Err: fmt.Errorf("message id reused with payload hash %s, inbox holds %s", it.Hash, d.StoredHash)}
 }
 
-// holdAfterStop leaves every item after an in-order stop for later, the
-// rejected ones too: they are dead-lettered when their turn comes.
+// holdAfterStop leaves every item after an in-order stop, and every item
+// after a stop of its key, for later, the rejected ones too: they are
+// dead-lettered when their turn comes.
 func (b *batch) holdAfterStop() {
-	if b.stopAt < 0 {
+	if b.stopAt < 0 && len(b.keyStops) == 0 {
 		return
 	}
-	for i := b.stopAt + 1; i < len(b.items); i++ {
-		if o := b.results[i].Outcome; o != idem.Held && o != idem.Skipped {
-			b.results[i] = Result{Outcome: idem.Held}
+	for i := range b.items {
+		if b.stopAt >= 0 && i > b.stopAt || b.keyStopped(i) {
+			if o := b.results[i].Outcome; o != idem.Held && o != idem.Skipped {
+				b.results[i] = Result{Outcome: idem.Held}
+			}
 		}
 	}
+}
+
+// stopKey notes that item i, whose key promises order (rules.byKey), is to
+// be retried or waits for one that is: its key's later items wait too.
+func (b *batch) stopKey(i int) {
+	key := b.items[i].Key
+	if b.keyStops == nil {
+		b.keyStops = map[string]int{}
+	}
+	if at, ok := b.keyStops[key]; !ok || i < at {
+		b.keyStops[key] = i
+	}
+}
+
+// keyStopped reports whether an earlier item of item i's key was stopped.
+func (b *batch) keyStopped(i int) bool {
+	at, ok := b.keyStops[b.items[i].Key]
+	return ok && at < i
 }
 
 // maxPostponements is how many batches a message may leave before it waits
@@ -193,6 +214,9 @@ func (b *batch) runOne(ctx context.Context, i int, d inbox.Result) error {
 	if r.Outcome == idem.Retried && b.rules.inOrder {
 		b.stopAt = i
 	}
+	if r.Outcome == idem.Retried && b.rules.byKey {
+		b.stopKey(i)
+	}
 	return nil
 }
 
@@ -221,7 +245,7 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	if index >= 0 {
 		hctx = b.ctxs[index]
 	}
-	start := b.watch.enter(index)
+	start := b.watch.enter(index, b.conn, b, b.expire)
 	hc := &b.batchHctx
 	if index >= 0 {
 		hc = &b.hctxs[index]
@@ -235,10 +259,11 @@ func (b *batch) call(ctx context.Context, index int, run func(context.Context) e
 	herr = run(hc)
 	timedOut, ours := b.watch.leave()
 	if !ours {
+		b.abandoned = true
 		return nil, errAbandoned // the supervisor decided; touch nothing
 	}
-	b.e.Vitals.progress.Store(time.Now().UnixNano()) // a handler that returned is progress
-	b.e.tel.processDur.Record(ctx, time.Since(start).Seconds(), b.e.tel.processOpt...)
+	b.e.Vitals.moved() // a handler that returned is progress
+	b.took = append(b.took, time.Since(start))
 	it := &Item{Message: &idem.Message{Attempt: 1}}
 	exclude := func(r Result) error { return &excludeError{index: index, result: r} }
 	if index >= 0 {
@@ -283,21 +308,41 @@ func (e *Engine) classify(it *Item, herr error) Result {
 
 func shortID(id string) string { return safetext.ShortID(id) }
 
-// abandonGrace is how long a handler past its deadline may take to return
-// before the engine abandons it. A handler that honours its context returns
-// at once: pgx closes the connection of a statement whose context ends.
-const abandonGrace = 2 * time.Second
-
 // errHandlerDeadline is the cause of a handler context that ran out.
 var errHandlerDeadline = errors.New("handler deadline")
 
 // errAbandoned ends an attempt whose handler returned after it was abandoned.
 var errAbandoned = errors.New("engine: the handler returned after it was abandoned")
 
-// enter notes that handler index starts now and returns when it started.
-func (w *watch) enter(index int) time.Time {
+// watch is what the supervisor of an attempt knows about it: which handler
+// runs, since when, and whether the attempt was abandoned. The attempt's
+// goroutine owns its connection except while a handler runs; the
+// supervisor may take it then, and only then (see Engine.abandon). The
+// handler stage marks its handlers in and out (enter, leave); the
+// supervisor looks at it when a handler may have run too long (overdue).
+type watch struct {
+	mu        sync.Mutex
+	conn      *pgxpool.Conn
+	owner     *batch
+	inHandler bool
+	index     int // the item whose handler runs; -1 for the batch handler
+	started   time.Time
+	abandoned bool
+	// expire ends the handlers' context with errHandlerDeadline. The
+	// supervisor calls it, under mu, only while a handler that ran past its
+	// deadline is still in the watch; the attempt then ends (see call), so
+	// no later handler ever sees the ended context. One cancellable context
+	// per attempt costs far less than a timer per handler.
+	expire  context.CancelCauseFunc
+	expired bool
+}
+
+// enter notes that handler index of owner starts now, on conn, with the
+// handlers' context that expire ends, and returns when it started.
+func (w *watch) enter(index int, conn *pgxpool.Conn, owner *batch, expire context.CancelCauseFunc) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.conn, w.owner, w.expire = conn, owner, expire
 	w.inHandler, w.index, w.started = true, index, time.Now()
 	return w.started
 }
@@ -310,6 +355,39 @@ func (w *watch) leave() (expired, ours bool) {
 	defer w.mu.Unlock()
 	w.inHandler = false
 	return w.expired, !w.abandoned
+}
+
+// late is a handler the supervisor abandons: its index, its connection
+// and its batch.
+type late struct {
+	index int
+	conn  *pgxpool.Conn
+	owner *batch
+}
+
+// overdue ends the running handler's context once it has run for timeout,
+// and abandons the attempt once it has run for timeout+grace (it returns
+// the handler to abandon); otherwise it says how long to wait before
+// looking again.
+func (w *watch) overdue(now time.Time, timeout, grace time.Duration) (wait time.Duration, abandon *late) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.inHandler {
+		return timeout, nil
+	}
+	ran := now.Sub(w.started)
+	if ran < timeout {
+		return timeout - ran, nil
+	}
+	if !w.expired && w.expire != nil {
+		w.expired = true
+		w.expire(errHandlerDeadline)
+	}
+	if ran < timeout+grace {
+		return timeout + grace - ran, nil
+	}
+	w.abandoned = true
+	return 0, &late{index: w.index, conn: w.conn, owner: w.owner}
 }
 
 // handlerContext is a handler's context: the attempt's handler context,
@@ -515,78 +593,3 @@ func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
 func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
 func (b errBatch) Close() error                     { return b.err }
 func (b errBatch) Tx() pgx.Tx                       { return nil }
-
-// writeKeys is the in-process table of the rows that batches in flight
-// have written, as far as the runtime can name a row without parsing SQL: a
-// write statement's text with all its arguments (rowKey). Two handlers that
-// run the same statement with the same arguments (UPDATE accounts SET
-// balance = balance + 1 WHERE id = $1, with one account) write the same
-// row; the second would wait for the first batch to commit, or deadlock
-// with it. Instead, a message whose first write names a row another batch
-// in flight already wrote is postponed: nothing of it was written yet, so
-// it leaves its batch and runs in a later one. Statements that differ in any
-// argument get different keys, so the table never postpones on a guess;
-// conflicts it cannot name are left to PostgreSQL (lock_timeout, then a
-// retry).
-//
-// A message that cannot be postponed (it wrote already, or was postponed
-// often enough) writes the row anyway, after the other batch's lock: its
-// batch then holds the row too, and the key stays in the table until every
-// batch that holds it has ended (release, when the attempt ends), so that
-// no third batch takes the row for free and waits on a lock the table does
-// not show.
-type writeKeys struct {
-	mu   sync.Mutex
-	rows map[uint64]holders
-}
-
-// holders are the batches in flight that wrote one row: first, and, rarely,
-// more that wrote it after first's lock.
-type holders struct {
-	first *batch
-	more  []*batch
-}
-
-func newWriteKeys() *writeKeys { return &writeKeys{rows: map[uint64]holders{}} }
-
-// take records that b writes the row named key, and reports whether b
-// holds it alone: no other batch in flight wrote it. When another did, b is
-// recorded only if force (it writes the row anyway). An abandoned batch is
-// never recorded: its keys were released for good.
-func (k *writeKeys) take(b *batch, key uint64, force bool) (alone bool) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if b.gone {
-		return true
-	}
-	h, ok := k.rows[key]
-	switch {
-	case !ok:
-		k.rows[key] = holders{first: b}
-		return true
-	case h.first == b && len(h.more) == 0:
-		return true
-	case force && h.first != b && !slices.Contains(h.more, b):
-		h.more = append(h.more, b)
-		k.rows[key] = h
-	}
-	return false
-}
-
-// drop removes b from the holders of key; mu must be held.
-func (k *writeKeys) drop(b *batch, key uint64) {
-	h, ok := k.rows[key]
-	if !ok {
-		return
-	}
-	if h.first == b {
-		if len(h.more) == 0 {
-			delete(k.rows, key)
-			return
-		}
-		h.first, h.more = h.more[0], h.more[1:]
-	} else {
-		h.more = slices.DeleteFunc(h.more, func(o *batch) bool { return o == b })
-	}
-	k.rows[key] = h
-}

@@ -160,7 +160,7 @@ func TestProbeEndedByAnExcludedMessageProbesAgain(t *testing.T) {
 	g.serialUntil = time.Now().Add(-time.Millisecond) // serialized, probe due
 	g.mu.Unlock()
 	ctx := context.Background()
-	res := f.eng.Run(ctx, []*Item{item("slow", 1), item("ok", 2)}, Queue{Ordered: true})
+	res := f.eng.Run(ctx, []*Item{keyed("slow", "slow", 1), keyed("ok", "ok", 2)}, Queue{Ordered: true}) // two keys: ok does not wait for slow
 	require.Equal(t, []idem.Outcome{idem.Retried, idem.Processed}, outcomes(res))
 	for i := range 5 {
 		f.eng.Run(ctx, []*Item{item(fmt.Sprintf("later%d", i), 3)}, Queue{Ordered: true})

@@ -3,9 +3,11 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/deadletters"
+	"github.com/idemkit/idem/internal/retry"
 )
 
 // RunAlone runs one suspect item — a delivery the broker made before, whose
@@ -25,12 +27,12 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, q Queue) Result {
 	}
 	defer release()
 	e.Vitals.started() // marking is watched like an attempt
-	defer e.Vitals.active.Add(-1)
+	defer e.Vitals.left()
 	scope := p.scope
 	fixed := make([]Result, 1)
 	marked := false
 	if it.Reject == nil && it.ID != "" && p.inbox != inboxLook {
-		crashes, err := e.markStart(ctx, scope, it)
+		crashes, err := e.markStartUntilAnswered(ctx, scope, it, &p)
 		if err != nil {
 			e.cfg.Logger.Warn("could not mark a suspect message before running it alone; leaving it for redelivery",
 				"message_id", shortID(it.ID), "error", err)
@@ -51,24 +53,26 @@ func (e *Engine) RunAlone(ctx context.Context, it *Item, q Queue) Result {
 	return res[0]
 }
 
-// exclusive waits until no batch runs and holds the engine alone.
-func (g *governor) exclusive(ctx context.Context, abandon <-chan struct{}) (release func(), ok bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.waiting++
-	for g.alone || g.running > 0 {
-		if !g.wait(ctx, abandon) {
-			g.waiting--
-			g.wake()
-			return nil, false
+// markStartUntilAnswered is markStart, retried with capped backoff while
+// the database does not answer, as a batch is (see Engine.Run): handing
+// the message back at once would have the broker deliver it again within
+// milliseconds, and a quorum queue dead-letters a message delivered
+// DeliveryLimit times (reason delivery_limit, without a row) long before
+// an outage of seconds ends. It gives up when ctx ends, when the session
+// is abandoned (its messages are redelivered anyway), or when the
+// database answers and marking still fails BatchRetries times.
+func (e *Engine) markStartUntilAnswered(ctx context.Context, scope string, it *Item, p *rules) (int, error) {
+	for attempt := 1; ; attempt++ {
+		crashes, err := e.markStart(ctx, scope, it)
+		if err == nil {
+			return crashes, nil
 		}
+		if ctx.Err() != nil || closed(p.abandon) || attempt >= e.cfg.BatchRetries && e.databaseAnswers(ctx) {
+			return 0, err
+		}
+		delay := retry.Backoff(attempt, 50*time.Millisecond, 5*time.Second)
+		e.cfg.Logger.Warn("could not mark a suspect message before running it alone; retrying",
+			"message_id", shortID(it.ID), "attempt", attempt, "retry_in", delay, "error", err)
+		sleepUnlessAbandoned(ctx, delay, p.abandon)
 	}
-	g.waiting--
-	g.alone = true
-	return func() {
-		g.mu.Lock()
-		g.alone = false
-		g.wake()
-		g.mu.Unlock()
-	}, true
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
 )
 
@@ -16,9 +17,13 @@ type Item struct {
 	// Suspect marks a delivery the broker made before (redelivered): it may
 	// have killed its worker, so it runs alone (see RunAlone).
 	Suspect bool
-	// Returned marks a delivery back from the consumer's own retry queue:
-	// its failed attempts and original route are in the attempts table.
+	// Returned marks a delivery back from the consumer's own retry queue,
+	// or retried in place (Again): its failed attempts and original route
+	// are in the attempts table.
 	Returned bool
+	// Key is its ordering key, set by a queue source with Queue.Ordered:
+	// once it is to be retried, its key's later items in its batch are Held.
+	Key string
 	// Reject, when set, dead-letters the message without running the
 	// handler.
 	Reject *Reject
@@ -28,6 +33,17 @@ type Item struct {
 	// postponed counts the batches the item left because another batch in
 	// flight wrote its row (see writeKeys).
 	postponed int
+}
+
+// Again readies it, whose attempt failed (Retried) or did not settle
+// (Unresolved), for another attempt in its source's process, without the
+// broker: like a delivery back from the retry queue, its next attempt reads
+// its failed attempts in the attempts table. Its message becomes a copy: a
+// handler of the failed attempt that was abandoned may still read the old
+// one.
+func (it *Item) Again() {
+	m := *it.Message
+	it.Message, it.Returned, it.row = &m, true, nil
 }
 
 // Reject says why a message cannot be processed.
@@ -61,4 +77,13 @@ func unresolved(n int, err error) []Result {
 		out[i] = Result{Outcome: idem.Unresolved, Err: err}
 	}
 	return out
+}
+
+// Undecodable marks it, whose bytes the client library could not decode,
+// to be dead-lettered as undecodable (cause says why) without running its
+// handler. Nothing derived from its bytes stands: its row is found by
+// "sha256:" and the hash of its bytes.
+func (it *Item) Undecodable(cause error) {
+	it.ID, it.BusinessKey, it.Hash = "", "", idem.HashBytes(it.Body)
+	it.Reject = &Reject{Reason: deadletters.ReasonUndecodable, Err: cause}
 }

@@ -101,8 +101,9 @@ func (b *batch) repairEndedTx(ctx context.Context) {
 		}
 	}
 	// Outside the batch transaction its lock_timeout is gone: the deadline
-	// bounds a lock wait instead (pgx cancels the statement).
-	ctx, cancel := b.bounded(ctx, b.plan.lockTimeout)
+	// bounds a lock wait instead (pgx cancels the statement), which may
+	// take all of it: not a wait readiness counts (see bounded).
+	ctx, cancel := context.WithTimeout(ctx, b.plan.lockTimeout+b.e.cfg.CommitTimeout)
 	defer cancel()
 	conn := b.tx.Conn()
 	if conn.PgConn().TxStatus() != 'I' {

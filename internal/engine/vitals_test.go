@@ -41,3 +41,30 @@ func TestFailedAttemptsAreNotProgress(t *testing.T) {
 	_, _, failing = v.Failing(0)
 	require.False(t, failing)
 }
+
+// A database call of the runtime's own counts as unanswered once it has
+// waited its lock wait and the limit on top, and stops counting once it is
+// answered: a lock wait the call may take is not a silent database.
+func TestADatabaseCallIsUnansweredOnlyBeyondItsLockWait(t *testing.T) {
+	t.Parallel()
+	var v Vitals
+	_, late := v.Unanswered(0)
+	require.False(t, late, "nothing in flight")
+
+	queued := v.calls.Begin(time.Hour) // may wait for locks for an hour
+	silent := v.calls.Begin(0)
+	time.Sleep(20 * time.Millisecond)
+	d, late := v.Unanswered(10 * time.Millisecond)
+	require.True(t, late)
+	require.GreaterOrEqual(t, d, 20*time.Millisecond)
+	_, late = v.Unanswered(time.Minute)
+	require.False(t, late, "within the limit")
+
+	silent()
+	_, late = v.Unanswered(10 * time.Millisecond)
+	require.False(t, late, "the call within its lock wait is not late")
+	queued()
+	d, late = v.Unanswered(0)
+	require.False(t, late)
+	require.Zero(t, d, "nothing in flight")
+}

@@ -34,6 +34,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idem/internal/pglock"
 	"github.com/idemkit/idem/internal/retry"
@@ -56,6 +59,10 @@ type Config struct {
 	Timeout time.Duration
 	// Logger receives the assignment's logs. Default: slog.Default().
 	Logger *slog.Logger
+	// MeterProvider provides the gauge idem.consumer.partitions.unheld,
+	// with Attributes (the consumer's). Default: the global provider.
+	MeterProvider metric.MeterProvider
+	Attributes    []attribute.KeyValue
 }
 
 func (c Config) withDefaults() Config {
@@ -79,6 +86,10 @@ type Status struct {
 	Members int
 	// Held are the partitions this process holds, ascending.
 	Held []int
+	// Unheld is how many partitions no member held after this process's
+	// last turn: a process that died, or one that lets partitions go
+	// while no one takes them, leaves some until a member's next turn.
+	Unheld int
 	// Trouble says why the process is not a member, when it knows.
 	Trouble string
 }
@@ -106,12 +117,20 @@ func New(cfg Config) (*Lease, error) {
 	case cfg.Conn == nil:
 		return nil, errors.New("partlease: Conn is required")
 	}
-	l := &Lease{cfg: cfg, member: pglock.Key("partlease/" + cfg.Key + "/members"),
-		log: cfg.Logger.With(slog.String("partitions_of", cfg.Key))}
-	for i := range cfg.Partitions {
-		l.keys = append(l.keys, pglock.Key(fmt.Sprintf("partlease/%s/%d", cfg.Key, i)))
+	member, keys := LockKeys(cfg.Key, cfg.Partitions)
+	return &Lease{cfg: cfg, member: member, keys: keys, log: cfg.Logger.With(slog.String("partitions_of", cfg.Key))}, nil
+}
+
+// LockKeys are the advisory lock keys of the lease Key key with n
+// partitions: the member key every member holds shared, and partition i's
+// key at index i, held exclusively by its holder. pg_locks shows them (the
+// operator console reads who holds what there).
+func LockKeys(key string, n int) (member int64, partitions []int64) {
+	partitions = make([]int64, n)
+	for i := range n {
+		partitions[i] = pglock.Key(fmt.Sprintf("partlease/%s/%d", key, i))
 	}
-	return l, nil
+	return pglock.Key("partlease/" + key + "/members"), partitions
 }
 
 // Status returns what the process holds now.
@@ -133,6 +152,11 @@ func (l *Lease) Status() Status {
 // again after a backoff. On cancellation Run stops every consume, closes
 // the session and returns nil.
 func (l *Lease) Run(ctx context.Context, consume func(ctx context.Context, i int) error) error {
+	reg, err := l.observe()
+	if err != nil {
+		return fmt.Errorf("partlease: register the gauge: %w", err)
+	}
+	defer func() { _ = reg.Unregister() }()
 	for failures := 0; ; {
 		err := l.session(ctx, consume)
 		l.setStatus(func(s *Status) { s.Joined, s.Held = false, nil })
@@ -217,7 +241,7 @@ func (l *Lease) session(ctx context.Context, consume func(ctx context.Context, i
 // balance counts the members and keeps this process's share: at most
 // ceil(N/members) partitions, taking free ones while below it.
 func (l *Lease) balance(ctx context.Context, conn *pgx.Conn, owned map[int]*held, consume func(ctx context.Context, i int) error) error {
-	members, err := l.members(ctx, conn)
+	members, holding, err := l.count(ctx, conn)
 	if err != nil {
 		return fmt.Errorf("count members: %w", err)
 	}
@@ -228,6 +252,7 @@ func (l *Lease) balance(ctx context.Context, conn *pgx.Conn, owned map[int]*held
 		if err := l.exec(ctx, conn, `SELECT pg_advisory_unlock($1)`, l.keys[i]); err != nil {
 			return fmt.Errorf("let partition %d go: %w", i, err)
 		}
+		holding--
 		l.log.Info("partlease: let a partition go", "partition", i, "members", members, "share", share)
 	}
 	// Free partitions are tried from a random start, so that processes
@@ -245,6 +270,7 @@ func (l *Lease) balance(ctx context.Context, conn *pgx.Conn, owned map[int]*held
 		if !got {
 			continue
 		}
+		holding++
 		pctx, stop := context.WithCancel(ctx)
 		h := &held{stop: stop, done: make(chan error, 1)}
 		owned[i] = h
@@ -254,6 +280,7 @@ func (l *Lease) balance(ctx context.Context, conn *pgx.Conn, owned map[int]*held
 	l.setStatus(func(s *Status) {
 		s.Members = members
 		s.Held = slices.Sorted(slices.Values(keysOf(owned)))
+		s.Unheld = max(l.cfg.Partitions-holding, 0)
 	})
 	return nil
 }
@@ -268,18 +295,49 @@ func (l *Lease) let(owned map[int]*held, i int) {
 	}
 }
 
-// members counts the sessions holding the member lock, in this database.
-func (l *Lease) members(ctx context.Context, conn *pgx.Conn) (int, error) {
+// countSQL counts, in this database, the sessions holding the member lock
+// ($1, $2) and the partition locks ($3, $4: their keys' halves) held.
+const countSQL = `SELECT count(*) FILTER (WHERE classid::bigint = $1 AND objid::bigint = $2),
+	count(*) FILTER (WHERE mode = 'ExclusiveLock' AND EXISTS (
+		SELECT FROM unnest($3::bigint[], $4::bigint[]) AS k(hi, lo) WHERE k.hi = classid::bigint AND k.lo = objid::bigint))
+FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 1
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// count counts the members, and the partitions any member holds.
+func (l *Lease) count(ctx context.Context, conn *pgx.Conn) (members, holding int, err error) {
 	hi, lo := split(l.member)
-	var n int
-	err := l.query(ctx, conn, `SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 1
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid::bigint = $1 AND objid::bigint = $2`, []any{hi, lo}, &n)
-	if err == nil && n < 1 {
-		return 0, errors.New("this session is not a member")
+	his, los := make([]int64, len(l.keys)), make([]int64, len(l.keys))
+	for i, k := range l.keys {
+		his[i], los[i] = split(k)
 	}
-	return n, err
+	err = l.query(ctx, conn, countSQL, []any{hi, lo, his, los}, &members, &holding)
+	if err == nil && members < 1 {
+		return 0, 0, errors.New("this session is not a member")
+	}
+	return members, holding, err
+}
+
+// observe registers the gauge of the partitions no member holds, read
+// from Status while the process is a member.
+func (l *Lease) observe() (metric.Registration, error) {
+	mp := l.cfg.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter("github.com/idemkit/idem/consumer")
+	g, err := m.Int64ObservableGauge("idem.consumer.partitions.unheld", metric.WithUnit("{partition}"),
+		metric.WithDescription("Partitions of a partitioned queue that no member process held at this process's last turn."))
+	if err != nil {
+		return nil, err
+	}
+	attrs := metric.WithAttributeSet(attribute.NewSet(l.cfg.Attributes...))
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if s := l.Status(); s.Joined {
+			o.ObserveInt64(g, int64(s.Unheld), attrs)
+		}
+		return nil
+	}, g)
 }
 
 // split is how pg_locks shows a bigint advisory key: its high and low 32

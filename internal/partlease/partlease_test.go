@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/testdb"
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testdb"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 )
 
 // world records which process consumes which partition, and whether two

@@ -122,7 +122,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key string, cfg Config, on
 				lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}),
 			}
 			go l.watch()
-			logger.Info("pglock: acquired", slog.Uint64("pid", uint64(conn.Conn().PgConn().PID())))
+			logger.Debug("pglock: acquired", slog.Uint64("pid", uint64(conn.Conn().PgConn().PID())))
 			return l, nil
 		case errors.Is(err, errNoConn):
 			return nil, fmt.Errorf("pglock: acquire %s: %w", key, err)
@@ -268,6 +268,6 @@ func (l *Lock) Release(ctx context.Context) error {
 	if !unlocked {
 		return fmt.Errorf("pglock: release %s: the session did not hold the lock", l.key)
 	}
-	l.logger.Info("pglock: released")
+	l.logger.Debug("pglock: released")
 	return nil
 }

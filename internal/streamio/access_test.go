@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/testrun"
+	"github.com/idemkit/idem/internal/testkit/testrun"
 	"github.com/stretchr/testify/require"
 )
 

@@ -1,7 +1,10 @@
 // Package streamio reads and writes RabbitMQ streams for idem's stream
-// source and replay runner, on top of rabbitmq-stream-go-client, and fixes
-// what the client gets wrong or leaves out for them:
+// source and replay runner, on top of internal/streamclient (idem's copy
+// of rabbitmq-stream-go-client), and fixes what the client gets wrong or
+// leaves out for them:
 //
+//   - Undecodable records: a record the client could not decode comes as a
+//     Record that says so (Undecodable), for the caller to dead-letter.
 //   - Throughput: connections keep the kernel's socket buffer autotuning
 //     (the client's default 8 KiB read buffer caps consumption at a few
 //     hundred messages per second on loopback).

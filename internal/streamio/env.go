@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"github.com/idemkit/idem/internal/streamclient/stream"
 
 	"github.com/idemkit/idem/internal/amqpurl"
 )
@@ -452,6 +452,33 @@ func (e *Env) DeleteStream(ctx context.Context, name string) error {
 
 // ErrStreamNotFound is returned (wrapped) for a stream that does not exist.
 var ErrStreamNotFound = stream.StreamDoesNotExist
+
+// ErrStreamMismatch is returned (wrapped) by DeclareStream when a queue of
+// that name exists with other arguments: a stream with other retention
+// settings, or a queue of another type.
+var ErrStreamMismatch = stream.PreconditionFailed
+
+// StreamExists reports whether the stream name exists. A queue of another
+// type by that name is not a stream. Only the broker's answer that the
+// stream does not exist makes it false; a failed or unclear answer (a
+// metadata call that failed, a leader being elected) is an error, never a
+// false that a caller would take for a missing stream.
+func (e *Env) StreamExists(ctx context.Context, name string) (bool, error) {
+	env, err := e.connect(ctx)
+	if err != nil {
+		return false, fmt.Errorf("streamio: stream %s exists: %w", name, err)
+	}
+	defer e.disconnect(env)
+	err = call(ctx, func() error { _, err := env.StreamMetaData(name); return err })
+	switch {
+	case err == nil, errors.Is(err, stream.LeaderNotReady):
+		return true, nil
+	case errors.Is(err, stream.StreamDoesNotExist):
+		return false, nil
+	default:
+		return false, fmt.Errorf("streamio: stream %s exists: %w", name, err)
+	}
+}
 
 // call runs a client call that takes no context and returns when it is done
 // or ctx ends, whichever is first. The client's own RPC timeout bounds the

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/logs"
+	"github.com/idemkit/idem/internal/streamclient/logs"
 )
 
 // The stream client logs through one process-wide logger (by default the
@@ -59,7 +60,21 @@ func (router) log(level slog.Level, format string, v []any) {
 	}
 }
 
-func (r router) Error(format string, v ...any) { r.log(slog.LevelWarn, format, v) }
+func (r router) Error(format string, v ...any) {
+	level := slog.LevelWarn
+	if msg := fmt.Sprintf(format, v...); closingRace(msg) {
+		level = slog.LevelDebug
+	}
+	r.log(level, format, v)
+}
+
+// closingRace reports whether msg is the client failing to answer the
+// server's close of a connection that idem itself was closing (the client
+// closed its socket first): routine each time a short-lived connection,
+// such as a lag or tail query's, ends, and nothing a person need look at.
+func closingRace(msg string) bool {
+	return strings.Contains(msg, "closeFrameHandler") && strings.Contains(msg, "use of closed network connection")
+}
 func (r router) Warn(format string, v ...any)  { r.log(slog.LevelInfo, format, v) }
 func (r router) Info(format string, v ...any)  { r.log(slog.LevelDebug, format, v) }
 func (r router) Debug(format string, v ...any) { r.log(slog.LevelDebug, format, v) }

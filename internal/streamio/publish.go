@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/message"
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"github.com/idemkit/idem/internal/streamclient/amqp"
+	"github.com/idemkit/idem/internal/streamclient/message"
+	"github.com/idemkit/idem/internal/streamclient/stream"
 )
 
 // Outgoing is a message to publish.

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"github.com/idemkit/idem/internal/streamclient/amqp"
+	"github.com/idemkit/idem/internal/streamclient/stream"
 )
 
 // Tail returns the offset of the last record committed to streamName now;

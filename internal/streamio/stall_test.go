@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"github.com/idemkit/idem/internal/streamclient/stream"
 	"github.com/stretchr/testify/require"
 )
 

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/stream"
+	"github.com/idemkit/idem/internal/streamclient/amqp"
+	"github.com/idemkit/idem/internal/streamclient/stream"
 )
 
 // DefaultMaxBatch is the batch size limit used when none is given.

@@ -2,20 +2,23 @@ package streamio
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/rabbitmq/rabbitmq-stream-go-client/pkg/amqp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/streamclient/amqp"
 )
 
 func recs(offsets ...int64) []Record {
 	out := make([]Record, len(offsets))
 	for i, o := range offsets {
-		out[i] = Record{Offset: o}
+		out[i] = Record{Message: idem.Message{Offset: o}}
 	}
 	return out
 }
@@ -51,11 +54,11 @@ func TestWindowFiltersByCreationTimeButKeepsUntimedRecords(t *testing.T) {
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	w := window{from: 0, end: 100, notBefore: t0, notAfter: t0.Add(time.Minute)}
 	batch := []Record{
-		{Offset: 0, Timestamp: t0.Add(-time.Millisecond)}, // before From
-		{Offset: 1, Timestamp: t0},                        // at From: kept
-		{Offset: 2},                                       // no creation time: kept
-		{Offset: 3, Timestamp: t0.Add(time.Minute)},       // at To: kept
-		{Offset: 4, Timestamp: t0.Add(time.Minute + 1)},   // after To
+		{Message: idem.Message{Offset: 0, Timestamp: t0.Add(-time.Millisecond)}}, // before From
+		{Message: idem.Message{Offset: 1, Timestamp: t0}},                        // at From: kept
+		{Message: idem.Message{Offset: 2}},                                       // no creation time: kept
+		{Message: idem.Message{Offset: 3, Timestamp: t0.Add(time.Minute)}},       // at To: kept
+		{Message: idem.Message{Offset: 4, Timestamp: t0.Add(time.Minute + 1)}},   // after To
 	}
 	keep, done := w.cut(batch)
 	require.Equal(t, []int64{1, 2, 3}, offsets(keep))
@@ -108,7 +111,7 @@ func TestBufferBlocksProducerWhileFullAndHandsOverInOrder(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := range int64(10) {
-			b.put(Record{Offset: i})
+			b.put(Record{Message: idem.Message{Offset: i}})
 		}
 	}()
 	var got []int64
@@ -125,11 +128,11 @@ func TestBufferBlocksProducerWhileFullAndHandsOverInOrder(t *testing.T) {
 func TestBufferStopReleasesBlockedProducer(t *testing.T) {
 	t.Parallel()
 	b := newBuffer(1)
-	b.put(Record{Offset: 0})
+	b.put(Record{Message: idem.Message{Offset: 0}})
 	done := make(chan struct{})
 	go func() {
-		b.put(Record{Offset: 1}) // full: blocks until stop
-		b.put(Record{Offset: 2}) // stopped: returns at once
+		b.put(Record{Message: idem.Message{Offset: 1}}) // full: blocks until stop
+		b.put(Record{Message: idem.Message{Offset: 2}}) // stopped: returns at once
 		close(done)
 	}()
 	b.stop()
@@ -148,12 +151,24 @@ func TestToRecordReadsAMQPFields(t *testing.T) {
 		Data:                  [][]byte{[]byte("ab"), []byte("cd")},
 	}
 	r := toRecord(7, m)
-	require.Equal(t, Record{
+	require.Equal(t, Record{Message: idem.Message{
 		Offset: 7, HasOffset: true, Timestamp: created, MessageID: "42", ContentType: "text/plain", CorrelationID: "c",
 		Headers: map[string]any{"k": "v"}, Body: []byte("abcd"),
-	}, r)
+	}}, r)
 
 	require.Equal(t, []byte("v"), toRecord(0, &amqp.Message{Value: "v"}).Body)
+}
+
+// A record the client could not decode becomes a record that says so,
+// its body the bytes it could read, and nothing else but its offset.
+func TestToRecordOfAnUndecodableRecordKeepsItsBytesAndWhy(t *testing.T) {
+	t.Parallel()
+	why := &amqp.DecodeError{Record: []byte("junk"), Err: errors.New("bad")}
+	r := toRecord(9, &amqp.Message{DecodeError: why})
+	require.Equal(t, Record{Message: idem.Message{Offset: 9, HasOffset: true, Body: []byte("junk")}, Undecodable: why}, r)
+	msgs := Messages("s", []Record{r}, time.Time{})
+	require.Equal(t, []byte("junk"), msgs[0].Body)
+	require.Empty(t, msgs[0].MessageID)
 }
 
 func TestStreamURLDerivesFromAMQPURL(t *testing.T) {

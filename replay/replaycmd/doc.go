@@ -6,18 +6,19 @@
 //
 // # A worker binary with a replay subcommand
 //
-// The worker builds its stream consumer once and hands it either to
-// stream.Run or, for the "replay" subcommand, to Main:
+// The worker builds its stream consumer (a consumer.Consumer with a
+// Config.Stream) once and either runs it or, for the "replay" subcommand,
+// hands it to Main:
 //
 //	switch args[0] {
 //	case "worker":
-//		return stream.Run(ctx, s)
+//		return c.Run(ctx)
 //	case "replay":
-//		return replaycmd.Main(ctx, s, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
+//		return replaycmd.Main(ctx, c, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
 //	}
 //
 // and exits with ExitCode(err): 0 on success (and for --help), 1 when a
-// forensic replay found conflicts or handler errors, 2 when the replay could
+// forensic replay found conflicts, failed handlers or dead letters, 2 when the replay could
 // not run (bad arguments included, ErrUsage). Cron jobs and CI can tell
 // findings from a replay that could not run.
 //

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/consumer/stream"
 	"github.com/idemkit/idem/projection"
 	"github.com/idemkit/idem/replay"
 	"github.com/idemkit/idem/replay/replaycmd"
@@ -21,8 +20,8 @@ import (
 var overview, _ = projection.New(projection.Config{Name: "overview", Tables: []string{"overview"}})
 
 // newConsumer is the worker's stream consumer, with its handler.
-func newConsumer(pool *pgxpool.Pool) *stream.Consumer {
-	c, err := consumer.New(consumer.Config{Name: "overview", Pool: pool, AMQPURL: os.Getenv("IDEM_AMQP_URL")})
+func newConsumer(pool *pgxpool.Pool) *consumer.Consumer {
+	c, err := consumer.New(consumer.Config{Name: "overview", Stream: "orders.events", Pool: pool, AMQPURL: os.Getenv("IDEM_AMQP_URL")})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -31,11 +30,7 @@ func newConsumer(pool *pgxpool.Pool) *stream.Consumer {
 			ON CONFLICT (id) DO UPDATE SET body = EXCLUDED.body`, m.ID, m.Body)
 		return err
 	})
-	s, err := stream.New(c, stream.Config{Stream: "orders.events"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	return s
+	return c
 }
 
 // A worker binary with a replay subcommand next to its worker:
@@ -49,8 +44,8 @@ func ExampleMain() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	s := newConsumer(pool)
-	err = run(ctx, s, os.Args[1:])
+	c := newConsumer(pool)
+	err = run(ctx, c, os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 	}
@@ -58,15 +53,15 @@ func ExampleMain() {
 }
 
 // run runs the worker or the replay subcommand.
-func run(ctx context.Context, s *stream.Consumer, args []string) error {
+func run(ctx context.Context, c *consumer.Consumer, args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: want worker or replay", replaycmd.ErrUsage)
 	}
 	switch args[0] {
 	case "worker":
-		return stream.Run(ctx, s)
+		return c.Run(ctx)
 	case "replay":
-		return replaycmd.Main(ctx, s, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
+		return replaycmd.Main(ctx, c, args[1:], replaycmd.Command{Options: replay.Options{Projection: overview}})
 	}
 	return fmt.Errorf("%w: unknown command %q", replaycmd.ErrUsage, args[0])
 }

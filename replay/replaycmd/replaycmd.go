@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer/stream"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/configerr"
 	"github.com/idemkit/idem/replay"
 )
 
@@ -30,11 +31,13 @@ type Command struct {
 	Stderr io.Writer
 }
 
-// ErrUsage is returned (wrapped) by Main for arguments it cannot parse.
-var ErrUsage = errors.New("replaycmd: usage")
+// ErrUsage is returned (wrapped) by Main for arguments it cannot parse. It
+// matches idem.ErrConfig.
+var ErrUsage = configerr.New("replaycmd: usage")
 
 // Main is the "replay" subcommand of a worker binary: it parses args
-// (without the subcommand's name), runs the replay with c and prints a
+// (without the subcommand's name), runs the replay with c, the worker's
+// stream consumer (its Config.Stream is the live stream), and prints a
 // summary. A worker binary adds it next to its worker:
 //
 //	case "replay":
@@ -57,7 +60,7 @@ var ErrUsage = errors.New("replaycmd: usage")
 //	--wait                                  in-place rebuild: wait for live workers to release the stream
 //	--batch N                               messages per transaction
 //	--allow-below-horizon                   normal: start where retention made the inbox forget
-func Main(ctx context.Context, c *stream.Consumer, args []string, cmd Command) error {
+func Main(ctx context.Context, c *consumer.Consumer, args []string, cmd Command) error {
 	if cmd.KeyFlag == "" {
 		cmd.KeyFlag = "key"
 	}
@@ -165,11 +168,11 @@ func (f flags) apply(o *replay.Options) error {
 }
 
 // abandonRun is Main with --abandon.
-func abandonRun(ctx context.Context, c *stream.Consumer, o replay.Options, stderr io.Writer) error {
+func abandonRun(ctx context.Context, c *consumer.Consumer, o replay.Options, stderr io.Writer) error {
 	if o.Mode != idem.Rebuild || o.RunID == "" {
 		return fmt.Errorf("%w: --abandon needs --mode rebuild and the --run-id of the rebuild to abandon", ErrUsage)
 	}
-	cfg := c.Consumer().Config()
+	cfg := c.Config()
 	if err := replay.Abandon(ctx, cfg.Pool, cfg.Tables, o.RunID); err != nil {
 		return err
 	}
@@ -178,7 +181,7 @@ func abandonRun(ctx context.Context, c *stream.Consumer, o replay.Options, stder
 }
 
 // ExitCode maps Main's error to a process exit code: 0 for success (or
-// --help), 1 when a forensic replay found conflicts or handler errors, 2
+// --help), 1 when a forensic replay found conflicts, failed handlers or dead letters, 2
 // for any other failure (bad arguments included). Cron jobs and CI can tell
 // findings from a replay that could not run.
 func ExitCode(err error) int {
@@ -208,12 +211,16 @@ func printSummary(w io.Writer, s replay.Summary) {
 		fmt.Fprintf(&b, " (offsets %d to %d)", s.First, s.Last)
 	}
 	fmt.Fprintf(&b, " in %s\n", s.Elapsed.Round(1e6))
-	fmt.Fprintf(&b, "  processed %d, duplicates %d, dead-lettered %d, skipped %d, conflicts %d, handler errors %d\n",
-		s.Processed, s.Duplicates, s.DeadLettered, s.Skipped, s.Conflicts, s.HandlerErrors)
+	fmt.Fprintf(&b, "  processed %d, duplicates %d, dead-lettered %d, of which conflicts %d, skipped %d",
+		s.Processed, s.Duplicates, s.DeadLettered, s.Conflicts, s.Skipped)
+	if s.Mode == idem.Forensic {
+		fmt.Fprintf(&b, ", failed and would be retried %d", s.Retried)
+	}
+	b.WriteString("\n")
 	switch s.Mode {
 	case idem.Forensic:
-		fmt.Fprintf(&b, "  inbox: not processed %d, processed with the same hash %d, forgotten by retention %d; "+
-			"effects the handlers would record %d\n", s.NotProcessed, s.ProcessedSameHash, s.Forgotten, s.Effects)
+		fmt.Fprintf(&b, "  live inbox: new (not processed) %d, duplicate (processed with this payload) %d, "+
+			"forgotten by retention %d; effects the handlers would record %d\n", s.InboxNew, s.InboxDuplicate, s.Forgotten, s.Effects)
 	case idem.Rebuild:
 		if s.CaughtUp > 0 {
 			fmt.Fprintf(&b, "  caught up %d messages past the live checkpoint (effects dispatched)\n", s.CaughtUp)
