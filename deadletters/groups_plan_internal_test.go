@@ -63,15 +63,18 @@ FROM generate_series(1, 5000) AS i`)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `ANALYZE `+table)
 	require.NoError(t, err)
-	conn, err := pool.Acquire(ctx)
+	pooled, err := pool.Acquire(ctx)
 	require.NoError(t, err)
-	defer conn.Release()
+	// The connection is taken from the pool and closed after: it keeps the
+	// prepared statements and the plan cache mode the checks set.
+	conn := pooled.Hijack()
+	defer conn.Close(context.Background())
 	// Fresh dead letters (no index-only scan saves a heap visit), then
 	// vacuumed ones.
-	groupsReadAFew(t, conn.Conn(), tables, rows, "fresh")
+	groupsReadAFew(t, conn, tables, rows, "fresh")
 	_, err = pool.Exec(ctx, `VACUUM `+table)
 	require.NoError(t, err)
-	groupsReadAFew(t, conn.Conn(), tables, rows, "vacuumed")
+	groupsReadAFew(t, conn, tables, rows, "vacuumed")
 }
 
 // groupsReadAFew checks the plans of Groups' statements on conn.

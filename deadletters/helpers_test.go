@@ -32,7 +32,10 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool, tables := testdb.Schema(t)
-	return &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: testbroker.Channel(t)}
+	ch := testbroker.Channel(t)
+	// In confirm mode, so deadLetter returns once its message is enqueued.
+	require.NoError(t, ch.Confirm(false))
+	return &env{t: t, pool: pool, tables: tables, queue: testbroker.Queue(t), ch: ch}
 }
 
 // declare declares the queue with args and an empty classic dead-letter queue.
@@ -61,7 +64,9 @@ func (e *env) holds(q string, n int) {
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // deadLetter puts a message in the dead-letter queue and writes its row, the
-// way the consumer named consumer does when it dead-letters it for reason.
+// way the consumer named consumer does when it dead-letters it for reason. It
+// returns once the broker has confirmed the message, so a redrive that starts
+// next sees it.
 func (e *env) deadLetter(consumer, id, reason string) {
 	e.t.Helper()
 	body := []byte(fmt.Sprintf(`{"id":%q}`, id))
@@ -70,7 +75,7 @@ func (e *env) deadLetter(consumer, id, reason string) {
 		` (consumer, message_id, payload_hash, reason, error, attempts) VALUES ($1, $2, $3, $4, 'boom', 3)`,
 		consumer, id, h[:], reason)
 	require.NoError(e.t, err)
-	err = e.ch.PublishWithContext(context.Background(), "", e.queue+".dlq", false, false, amqp.Publishing{
+	confirm, err := e.ch.PublishWithDeferredConfirmWithContext(context.Background(), "", e.queue+".dlq", false, false, amqp.Publishing{
 		MessageId: id, Body: body, ContentType: "application/json", CorrelationId: "corr-" + id,
 		DeliveryMode: amqp.Persistent, Timestamp: time.Unix(1700000000, 0),
 		Headers: amqp.Table{
@@ -87,6 +92,11 @@ func (e *env) deadLetter(consumer, id, reason string) {
 		},
 	})
 	require.NoError(e.t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	acked, err := confirm.WaitContext(ctx)
+	require.NoError(e.t, err, "the broker confirms the dead letter %s", id)
+	require.True(e.t, acked, "the broker acks the dead letter %s", id)
 }
 
 // drain gets every message of q, in order, and acks them.
