@@ -161,7 +161,10 @@ node_pid() { # the node's beam process, when it runs
 
 node_starting() { # the wrapper started by rabbit_start is still alive
 	local pid
-	pid=$(cat "$(node_dir "$1")/wrapper" 2>/dev/null) && owned "$pid"
+	pid=$(cat "$(node_dir "$1")/wrapper" 2>/dev/null) || return 1
+	# Until it execs, the wrapper is a subshell of this script that carries
+	# neither the state dir nor the mark: its parent tells.
+	owned "$pid" || [ "$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null)" = "$$" ]
 }
 
 rabbit_files() {
