@@ -4,7 +4,7 @@
 GO ?= go
 TEST_TIMEOUT ?= 25m
 
-.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test cluster-bench soak-cluster path scale console-test alerts-test fuzz chaos
+.PHONY: demo demo-quickstart demo-payments test soak services vet bench cluster-test cluster-bench soak-cluster path scale console-test alerts-test fuzz chaos chaos-cluster
 
 # demo: the quickstart worker, then the payments chain
 # (HTTP Idempotency-Key → outbox → worker → ledger → gateway with faults).
@@ -39,6 +39,27 @@ soak: services
 CHAOS_DURATION ?= 3m
 chaos: $(if $(CHAOS_PLAN),,services)
 	$(GO) run ./internal/testkit/chaos -duration $(CHAOS_DURATION) $(if $(SEED),-seed $(SEED)) $(if $(CHAOS_PLAN),-plan)
+
+# chaos-cluster: the generative soak on the topology of scripts/cluster.sh
+# (up --sync: 3 RabbitMQ nodes, a PostgreSQL primary and a synchronous
+# standby), for CHAOS_DURATION: the schedules of make chaos plus kill -9 of
+# a RabbitMQ node (started again a few actions later) and crashes of the
+# PostgreSQL primary (pg_ctl -m immediate), started again (crash recovery)
+# or failed over to the standby. Like cluster-test it starts the topology
+# and removes it afterwards, pass or fail. A failing schedule is shrunk and
+# saved under testdata/chaos/cluster/, which make test does not replay;
+# CHAOS_CASE=FILE replays one. CHAOS_PLAN=1 prints the schedule of SEED and
+# needs no topology.
+chaos-cluster:
+	if [ -n "$(CHAOS_PLAN)" ]; then \
+		$(GO) run ./internal/testkit/chaos -cluster -plan $(if $(SEED),-seed $(SEED)); exit $$?; \
+	fi; \
+	status=0; \
+	./scripts/cluster.sh up --sync >/dev/null && \
+	$(GO) run ./internal/testkit/chaos -cluster -duration $(CHAOS_DURATION) $(if $(SEED),-seed $(SEED)) \
+		$(if $(CHAOS_CASE),-case $(CHAOS_CASE)) || status=$$?; \
+	./scripts/cluster.sh down; \
+	exit $$status
 
 services:
 	./scripts/services.sh

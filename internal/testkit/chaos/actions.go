@@ -14,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/inbox"
 	"github.com/idemkit/idem/ledger"
@@ -77,14 +78,16 @@ func (r *runner) do(ctx context.Context, a Action) error {
 		r.door("joiner left: " + a.Fate)
 		return r.procs[joinerProc].leave(a.Fate == "kill")
 	case KindConnCut:
-		r.amqpProxy.Sever()
+		r.amqpProxies.Sever()
 		return nil
 	case KindPGRefuse, KindPGBlackhole:
 		return r.outage(ctx, a.Kind)
 	case KindPGHeal:
-		r.pgProxy.Resume()
+		r.pgProxies.Resume()
 		r.pgOut = false
 		return nil
+	case KindNodeKill, KindNodeStart, KindPGCrash:
+		return r.doCluster(ctx, a)
 	case KindCleanup:
 		return r.cleanup(ctx, a)
 	case KindRedrive:
@@ -167,9 +170,9 @@ func (r *runner) request(a Action) {
 func (r *runner) outage(ctx context.Context, kind Kind) error {
 	r.pgOut = true
 	if kind == KindPGRefuse {
-		r.pgProxy.Refuse()
+		r.pgProxies.Refuse()
 	} else {
-		r.pgProxy.Stall()
+		r.pgProxies.Stall()
 	}
 	r.obs.note(func(o *observations) { o.outages++ })
 	deadline := time.Now().Add(8 * time.Second)
@@ -215,11 +218,29 @@ func (r *runner) waitReady(ctx context.Context) error {
 }
 
 // heal ends every fault still open.
-func (r *runner) heal() {
-	r.pgProxy.Resume()
+func (r *runner) heal(ctx context.Context) error {
+	r.pgProxies.Resume()
 	r.pgOut = false
+	err := r.healCluster(ctx)
 	for _, p := range r.procs {
 		_ = p.alive()
+	}
+	return err
+}
+
+// doCluster carries out a fault of the cluster's topology: an error
+// without one (a cluster case replayed on a single box).
+func (r *runner) doCluster(ctx context.Context, a Action) error {
+	if r.cluster == nil {
+		return fmt.Errorf("%s needs the topology of scripts/cluster.sh (-cluster)", a.Kind)
+	}
+	switch a.Kind {
+	case KindNodeKill:
+		return r.nodeKill(ctx, a)
+	case KindNodeStart:
+		return r.nodeStart(ctx)
+	default:
+		return r.pgCrash(ctx, a)
 	}
 }
 
@@ -227,6 +248,9 @@ func (r *runner) heal() {
 func (r *runner) redrive(ctx context.Context, a Action) error {
 	opts := deadletters.RedriveOptions{AMQPURL: r.amqpURL, Pool: r.pool, Queue: r.queue, Tables: r.tables,
 		Consumer: mainConsumer, Operator: "chaos"}
+	if nodes := amqpList(r.amqpURL); len(nodes) > 1 {
+		opts.AMQPURL, opts.AMQPURLs = "", nodes
+	}
 	switch a.By {
 	case "id":
 		opts.MessageID = a.Arg
@@ -332,27 +356,25 @@ func (r *runner) resolve(ctx context.Context) error {
 }
 
 // publisher publishes with confirms, straight to the broker (not through
-// the workers' proxy).
+// the workers' proxy): to one of the nodes, and again through another
+// when a node dies with publishes unconfirmed (amqpnodes.Publisher).
 type publisher struct {
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	n    int
+	p *amqpnodes.Publisher
+	n int
 }
 
-func newPublisher(amqpURL string) (*publisher, error) {
-	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+// publishWithin bounds one publish and its confirm, a node's death and
+// the queue leaders' election included.
+const publishWithin = 60 * time.Second
+
+func newPublisher(ctx context.Context, urls []string) (*publisher, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	p, err := amqpnodes.NewPublisher(ctx, urls)
 	if err != nil {
 		return nil, fmt.Errorf("chaos: connecting the publisher: %w", err)
 	}
-	ch, err := conn.Channel()
-	if err == nil {
-		err = ch.Confirm(false)
-	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("chaos: publisher channel: %w", err)
-	}
-	return &publisher{conn: conn, ch: ch}, nil
+	return &publisher{p: p}, nil
 }
 
 func (p *publisher) publish(queue string, body []byte) error {
@@ -362,41 +384,35 @@ func (p *publisher) publish(queue string, body []byte) error {
 // publishPartitioned publishes body to the partitioned queue's exchange
 // with key as its routing key.
 func (p *publisher) publishPartitioned(queue, key string, body []byte) error {
-	p.n++
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conf, err := partitions.Publish(ctx, p.ch, queue, partitionCount, key, amqp.Publishing{
-		ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body, MessageId: fmt.Sprintf("p%d", p.n)})
-	if err != nil {
+	exchange, routingKey := partitions.Route(queue, partitionCount, key)
+	if err := p.send(exchange, routingKey, body, nil); err != nil {
 		return fmt.Errorf("publishing to the partitions: %w", err)
-	}
-	ok, err := conf.WaitContext(ctx)
-	if err != nil || !ok {
-		return fmt.Errorf("publishing to the partitions: not confirmed (%v)", err)
 	}
 	return nil
 }
 
 // publishHeaders publishes body with the header table headers.
 func (p *publisher) publishHeaders(queue string, body []byte, headers amqp.Table) error {
-	p.n++
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
-		ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body,
-		MessageId: fmt.Sprintf("p%d", p.n), Headers: headers,
-	})
-	if err != nil {
+	if err := p.send("", queue, body, headers); err != nil {
 		return fmt.Errorf("publishing: %w", err)
-	}
-	ok, err := conf.WaitContext(ctx)
-	if err != nil || !ok {
-		return fmt.Errorf("publishing: not confirmed (%v)", err)
 	}
 	return nil
 }
 
-func (p *publisher) close() { _ = p.conn.Close() }
+// send publishes one message and waits until the broker stored it.
+func (p *publisher) send(exchange, key string, body []byte, headers amqp.Table) error {
+	p.n++
+	ctx, cancel := context.WithTimeout(context.Background(), publishWithin)
+	defer cancel()
+	err := p.p.Publish(ctx, exchange, key, amqp.Publishing{ContentType: "application/json", Body: body,
+		MessageId: fmt.Sprintf("p%d", p.n), Headers: headers})
+	if err == nil {
+		err = p.p.Flush(ctx)
+	}
+	return err
+}
+
+func (p *publisher) close() { _ = p.p.Close() }
 
 // freeAddr is a loopback address nobody listens on now.
 func freeAddr() (string, error) {

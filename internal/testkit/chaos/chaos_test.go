@@ -46,6 +46,9 @@ func testEnv(t *testing.T) env {
 
 // TestSavedSchedulesHold replays every shrunk schedule under
 // testdata/chaos: each once broke an invariant, and each must hold now.
+// Cluster cases (testdata/chaos/cluster, or marked cluster) need the
+// topology of scripts/cluster.sh: make chaos-cluster CHAOS_CASE=FILE
+// replays one.
 func TestSavedSchedulesHold(t *testing.T) {
 	paths, err := filepath.Glob("../../../testdata/chaos/*.json")
 	require.NoError(t, err)
@@ -56,6 +59,9 @@ func TestSavedSchedulesHold(t *testing.T) {
 			c, err := readCase(path)
 			require.NoError(t, err)
 			require.NotEmpty(t, c.Actions)
+			if c.Cluster {
+				t.Skipf("%s is a cluster case: make chaos-cluster CHAOS_CASE=%s replays it", c.Name, path)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			rep, err := runSchedule(ctx, e, c.Seed, c.Actions)
@@ -104,6 +110,43 @@ func TestTheGeneratorDrawsEveryKind(t *testing.T) {
 		require.True(t, seen[w.kind], "kind %s never drawn", w.kind)
 	}
 	require.True(t, seen[KindPGHeal])
+}
+
+// TestTheClusterFaultsAreDrawnInClusterModeOnly: the single-box
+// generator never draws a node kill or a PostgreSQL crash; the cluster
+// one has both in every schedule, kills one node at a time, starts each
+// killed node again, and plans without the topology.
+func TestTheClusterFaultsAreDrawnInClusterModeOnly(t *testing.T) {
+	t.Parallel()
+	cluster := []Kind{KindNodeKill, KindNodeStart, KindPGCrash}
+	fates := map[string]bool{}
+	for seed := uint64(1); seed <= 30; seed++ {
+		for _, a := range generate(seed, 30) {
+			require.NotContains(t, cluster, a.Kind, "seed %d: single-box schedule draws %s", seed, a)
+		}
+		down, kinds := 0, map[Kind]int{}
+		for _, a := range generateFor(seed, 30, true) {
+			kinds[a.Kind]++
+			switch a.Kind {
+			case KindNodeKill:
+				require.Zero(t, down, "seed %d: node %d killed while node %d is down", seed, a.Node, down)
+				require.True(t, a.Node >= 1 && a.Node <= clusterNodes, "seed %d: %s", seed, a)
+				down = a.Node
+			case KindNodeStart:
+				require.Equal(t, down, a.Node, "seed %d: %s starts a node not down", seed, a)
+				down = 0
+			case KindPGCrash:
+				fates[a.Fate] = true
+			}
+		}
+		require.Zero(t, down, "seed %d: a killed node is never started again", seed)
+		require.NotZero(t, kinds[KindNodeKill], "seed %d: no node kill", seed)
+		require.NotZero(t, kinds[KindPGCrash], "seed %d: no PostgreSQL crash", seed)
+	}
+	require.Equal(t, map[string]bool{PGRestart: true, PGFailover: true}, fates)
+	var out, errs bytes.Buffer
+	require.Equal(t, exitPass, run(context.Background(), []string{"-cluster", "-seed", "42", "-plan"}, &out, &errs), errs.String())
+	require.Contains(t, out.String(), "node_kill")
 }
 
 // TestDeltaDebuggingFindsTheMinimalFailingPair: ddmin over a predicate

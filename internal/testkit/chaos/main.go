@@ -47,7 +47,18 @@
 // report counts actions by kind, what the doors did, and checks by
 // invariant; a run that left an invariant unchecked fails.
 //
-//	go run ./internal/testkit/chaos [-seed N] [-duration 3m] [-actions 30] [-plan] [-case FILE] [-save DIR] [-name NAME]
+//	go run ./internal/testkit/chaos [-cluster] [-seed N] [-duration 3m] [-actions 30] [-plan] [-case FILE] [-save DIR] [-name NAME]
+//
+// -cluster runs on the topology of scripts/cluster.sh (up --sync; make
+// chaos-cluster starts and removes it) instead of the single-box
+// services, and adds the faults only it can take: kill -9 of a RabbitMQ
+// node, started again a few actions later, and a crash of the PostgreSQL
+// primary (pg_ctl -m immediate), started again (crash recovery) or failed
+// over to the standby, the old primary rejoining as its standby. A
+// cluster run must have killed a node and crashed the primary to pass.
+// Its failing schedules are saved under testdata/chaos/cluster, which the
+// single-box replay of testdata/chaos does not read; -cluster -case
+// replays one.
 //
 // -plan prints the schedule of seed N, one action a line, and exits. A run
 // of -duration runs schedules of seeds N, N+1, N+2, … until the budget is
@@ -67,6 +78,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -99,6 +111,7 @@ type config struct {
 	fault        string
 	shrinkBudget time.Duration
 	keep         bool
+	cluster      bool
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -117,12 +130,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitNotRun
 	}
 	if cfg.plan {
-		for _, a := range generate(cfg.seed, cfg.actions) {
+		for _, a := range generateFor(cfg.seed, cfg.actions, cfg.cluster) {
 			fmt.Fprintln(stdout, a)
 		}
 		return exitPass
 	}
 	e, err := selfEnv(stderr, cfg.keep)
+	if err == nil && cfg.cluster {
+		err = clusterEnv(ctx, &e)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "chaos:", err)
 		return exitNotRun
@@ -147,8 +163,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.fault, "fault", "", "what the code under test is known to get wrong, written in the saved case")
 	fs.DurationVar(&cfg.shrinkBudget, "shrink-budget", 10*time.Minute, "time allowed to shrink a failing schedule")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the schemas, queues and worker logs")
+	fs.BoolVar(&cfg.cluster, "cluster", false, "run on the topology of scripts/cluster.sh, with node kills and PostgreSQL crashes")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	saveSet := false
+	fs.Visit(func(f *flag.Flag) { saveSet = saveSet || f.Name == "save" })
+	if cfg.cluster && !saveSet {
+		cfg.save = clusterSaveDir
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -172,15 +194,33 @@ func selfEnv(logOut io.Writer, keep bool) (env, error) {
 		worker: func(args []string) *exec.Cmd { return exec.Command(exe, args...) }}, nil
 }
 
+// clusterSaveDir is where cluster mode saves a failing schedule: beside
+// the single-box cases, in a directory their replay does not read.
+const clusterSaveDir = "testdata/chaos/cluster"
+
+// clusterEnv points e at the topology of scripts/cluster.sh.
+func clusterEnv(ctx context.Context, e *env) error {
+	t, err := openTopology(ctx)
+	if err != nil {
+		return err
+	}
+	e.cluster, e.amqpURL, e.pgURL, e.streamURL = t, strings.Join(t.amqpURLs, ","), t.pgURL, t.streamURLs
+	return nil
+}
+
 // soak runs schedules until the budget is spent, then shrinks and saves
 // the first that failed.
 func soak(ctx context.Context, e env, cfg config, stdout, stderr io.Writer) int {
-	fmt.Fprintf(stdout, "chaos: seed %d (replay: make chaos SEED=%d)\n", cfg.seed, cfg.seed)
+	target := "chaos"
+	if cfg.cluster {
+		target = "chaos-cluster"
+	}
+	fmt.Fprintf(stdout, "chaos: seed %d (replay: make %s SEED=%d)\n", cfg.seed, target, cfg.seed)
 	start := time.Now()
-	t := &total{Seed: cfg.seed, All: true}
+	t := &total{Seed: cfg.seed, All: true, Cluster: cfg.cluster}
 	for i := uint64(0); time.Since(start) < cfg.duration && ctx.Err() == nil; i++ {
 		seed := cfg.seed + i
-		actions := generate(seed, cfg.actions)
+		actions := generateFor(seed, cfg.actions, cfg.cluster)
 		rep, err := runSchedule(ctx, e, seed, actions)
 		if err != nil {
 			fmt.Fprintln(stderr, "chaos:", err)
@@ -225,7 +265,7 @@ func shrinkAndSave(ctx context.Context, e env, cfg config, rep *report, actions 
 	if name == "" {
 		name = fmt.Sprintf("seed-%d", rep.Seed)
 	}
-	c := savedCase{Name: name, Fault: cfg.fault, Broke: rep.failed(), Seed: rep.Seed, Found: len(actions), Actions: small}
+	c := savedCase{Name: name, Fault: cfg.fault, Broke: rep.failed(), Seed: rep.Seed, Found: len(actions), Cluster: cfg.cluster, Actions: small}
 	path, err := c.write(cfg.save)
 	if err != nil {
 		fmt.Fprintln(stderr, "chaos:", err)
@@ -243,6 +283,10 @@ func replayCase(ctx context.Context, e env, path string, stdout, stderr io.Write
 	c, err := readCase(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
+		return exitNotRun
+	}
+	if c.Cluster && e.cluster == nil {
+		fmt.Fprintf(stderr, "chaos: %s is a cluster case: replay it with -cluster (make chaos-cluster CHAOS_CASE=%s)\n", path, path)
 		return exitNotRun
 	}
 	rep, err := runSchedule(ctx, e, c.Seed, c.Actions)

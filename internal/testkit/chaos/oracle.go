@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem/deadletters"
 	"github.com/idemkit/idem/ledger"
@@ -249,7 +248,7 @@ func (r *runner) readEffects(ctx context.Context, s *state) error {
 // readQueues counts the ready messages of the work queues and the
 // dead-letter queues.
 func (r *runner) readQueues(s *state) error {
-	conn, err := amqp.DialConfig(r.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	conn, err := r.dialAMQP(context.Background())
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 )
@@ -57,6 +58,11 @@ const (
 	KindPartJoin       Kind = "partition_join"      // a third process joins the partitioned consumer
 	KindPartLeave      Kind = "partition_leave"     // the joiner leaves: stopped, or killed -9 (fate stop or kill)
 	KindKillEdge       Kind = "kill_edge"           // kill -9 of the HTTP edge process Millis after a request with a new key, started again; the client retries
+	// Cluster mode only (-cluster, the topology of scripts/cluster.sh):
+	// faults the single-box services cannot take.
+	KindNodeKill  Kind = "node_kill"  // kill -9 of RabbitMQ node Node, started again by node_start (or at the end of the schedule)
+	KindNodeStart Kind = "node_start" // the killed node started again; it waits until the node runs
+	KindPGCrash   Kind = "pg_crash"   // the PostgreSQL primary stopped at once (pg_ctl -m immediate), held down Millis, then started again (fate restart: crash recovery) or the standby promoted and the old primary rejoined as its standby (fate failover)
 )
 
 // Replay modes of a replay action, and the fates of a rebuild.
@@ -70,9 +76,16 @@ const (
 	RebuildAbandon = "kill_abandon" // killed after Seq applications, then abandoned
 )
 
+// Fates of a pg_crash.
+const (
+	PGRestart  = "restart"  // the stopped primary is started again: crash recovery
+	PGFailover = "failover" // the standby is promoted; the old primary rejoins as a fresh standby
+)
+
 var (
 	replayModes  = []string{ReplayNormal, ReplayNormal, ReplayForensic, ReplayRepair} // normal twice: the horizon is its door
 	rebuildFates = []string{RebuildFinish, RebuildResume, RebuildAbandon}
+	pgFates      = []string{PGRestart, PGRestart, PGFailover}
 )
 
 // Gateway behaviours of a charge: what the fake payment gateway does with
@@ -109,8 +122,10 @@ type Action struct {
 	Key  string `json:"key,omitempty"`
 	Seq  int    `json:"seq,omitempty"`
 	Fail bool   `json:"fail,omitempty"`
-	// Worker is the process a kill hits.
+	// Worker is the process a kill hits; Node the RabbitMQ node (1 to
+	// clusterNodes) a node_kill or node_start acts on.
 	Worker int `json:"worker,omitempty"`
+	Node   int `json:"node,omitempty"`
 	// By is how a redrive selects: "id", "reason" or "all"; Arg its id or reason.
 	By  string `json:"by,omitempty"`
 	Arg string `json:"arg,omitempty"`
@@ -169,6 +184,9 @@ func (a Action) String() string {
 	if a.Kind == KindKill {
 		add("worker", a.Worker)
 	}
+	if a.Node != 0 {
+		add("node", a.Node)
+	}
 	if a.By != "" {
 		add("by", a.By)
 	}
@@ -195,6 +213,16 @@ var weights = []struct {
 	{KindHTTPExpired, 3}, {KindKillEdge, 2}, {KindPublishPart, 8}, {KindPartJoin, 2}, {KindPartLeave, 4},
 }
 
+// clusterWeights are the odds of every kind in cluster mode: the
+// single-box kinds, and the faults of the cluster's topology.
+var clusterWeights = append(slices.Clone(weights), []struct {
+	kind Kind
+	w    int
+}{{KindNodeKill, 4}, {KindPGCrash, 3}}...)
+
+// clusterNodes is how many RabbitMQ nodes scripts/cluster.sh runs.
+const clusterNodes = 3
+
 // workers is how many worker processes a schedule runs: each consumes the
 // main queue; worker 0 also the ordered one.
 const workers = 2
@@ -214,37 +242,85 @@ const (
 	joinerProc     = workers + 2
 )
 
-// generate returns the schedule of seed: n actions, the same for the same
-// seed on every machine.
-func generate(seed uint64, n int) []Action {
+// generate returns the single-box schedule of seed: n actions, the same
+// for the same seed on every machine.
+func generate(seed uint64, n int) []Action { return generateFor(seed, n, false) }
+
+// generateFor returns the schedule of seed, in cluster mode when cluster
+// is true: the single-box kinds and the cluster's faults, with at least one
+// node_kill and one pg_crash (appended when the draw had none).
+func generateFor(seed uint64, n int, cluster bool) []Action {
 	r := rand.New(rand.NewPCG(seed, 0x63686173))
 	g := &gen{r: r, seq: map[string]int{}}
+	table := weights
+	if cluster {
+		table = clusterWeights
+	}
 	out := make([]Action, 0, n+1)
 	for len(out) < n {
-		if g.outage > 0 {
-			g.outage--
-			if g.outage == 0 {
-				out = append(out, Action{Kind: KindPGHeal})
-				continue
-			}
+		if a, ok := g.close(); ok {
+			out = append(out, a)
+			continue
 		}
-		if a, ok := g.next(pick(r)); ok {
+		if a, ok := g.next(pick(r, table)); ok {
 			out = append(out, a)
 		}
 	}
 	if g.outage > 0 {
 		out = append(out, Action{Kind: KindPGHeal})
 	}
+	if g.downFor > 0 {
+		out = append(out, Action{Kind: KindNodeStart, Node: g.down})
+	}
+	if cluster {
+		out = ensureClusterFaults(r, out)
+	}
 	return out
 }
 
-func pick(r *rand.Rand) Kind {
+// close counts down the open outage and the node down, and returns the
+// action that ends one when its time came.
+func (g *gen) close() (Action, bool) {
+	if g.outage > 0 {
+		g.outage--
+		if g.outage == 0 {
+			return Action{Kind: KindPGHeal}, true
+		}
+	}
+	if g.downFor > 0 {
+		g.downFor--
+		if g.downFor == 0 {
+			return Action{Kind: KindNodeStart, Node: g.down}, true
+		}
+	}
+	return Action{}, false
+}
+
+// ensureClusterFaults appends a node kill (with its start after a wait)
+// and a PostgreSQL crash to a cluster schedule that drew none.
+func ensureClusterFaults(r *rand.Rand, out []Action) []Action {
+	has := func(k Kind) bool { return slices.ContainsFunc(out, func(a Action) bool { return a.Kind == k }) }
+	if !has(KindNodeKill) {
+		node := 1 + r.IntN(clusterNodes)
+		out = append(out, Action{Kind: KindNodeKill, Node: node}, Action{Kind: KindWait, Millis: 100 * (1 + r.IntN(15))},
+			Action{Kind: KindNodeStart, Node: node})
+	}
+	if !has(KindPGCrash) {
+		out = append(out, Action{Kind: KindPGCrash, Fate: pgFates[r.IntN(len(pgFates))], Millis: 500 * r.IntN(7)})
+	}
+	return out
+}
+
+func pick(r *rand.Rand, table []struct {
+	kind Kind
+	w    int
+}) Kind {
 	total := 0
-	for _, w := range weights {
+	for _, w := range table {
 		total += w.w
 	}
 	x := r.IntN(total)
-	for _, w := range weights {
+	for _, w := range table {
 		if x < w.w {
 			return w.kind
 		}
@@ -265,6 +341,8 @@ type gen struct {
 	seq     map[string]int
 	outage  int  // actions until the open PostgreSQL outage heals; 0: none
 	joined  bool // the joiner runs
+	downFor int  // actions until the killed RabbitMQ node starts again; 0: none
+	down    int  // the node killed
 }
 
 func (g *gen) newID() (id, spelling string) {
@@ -357,6 +435,18 @@ func (g *gen) next(kind Kind) (Action, bool) {
 			return a, false
 		}
 		g.outage = 1 + r.IntN(4)
+	case KindNodeKill:
+		if g.downFor > 0 {
+			return a, false // one node down at most: a majority keeps serving
+		}
+		a.Node = 1 + r.IntN(clusterNodes)
+		g.down, g.downFor = a.Node, 1+r.IntN(4)
+	case KindPGCrash:
+		if g.outage > 0 {
+			return a, false // the proxies' outage would hide the crash from readiness
+		}
+		a.Fate = pgFates[r.IntN(len(pgFates))]
+		a.Millis = 500 * r.IntN(7)
 	case KindRedrive:
 		switch r.IntN(3) {
 		case 0:

@@ -84,6 +84,9 @@ type total struct {
 	// All says every invariant must have been checked: a run of many
 	// schedules; a single replayed case need not touch them all.
 	All bool
+	// Cluster says the run was in cluster mode: with All, it must also
+	// have killed a RabbitMQ node and crashed the PostgreSQL primary.
+	Cluster bool
 }
 
 func (t *total) add(rep *report) {
@@ -123,6 +126,14 @@ func (t *total) missing() []string {
 		invStreamOnce, invProjection, invForensic, invHorizon, invReplayRuns, invRebuild, invAbandon, invUndecodable, invExpired, invEdgeKill, invPartOrder} {
 		if c := t.Checks[inv]; c == nil || c.Checked == 0 {
 			out = append(out, inv)
+		}
+	}
+	if t.Cluster {
+		if t.Doors[doorNodeKilled] == 0 {
+			out = append(out, "a RabbitMQ node killed")
+		}
+		if t.Doors[doorPGRestarted]+t.Doors[doorPGFailedOver] == 0 {
+			out = append(out, "a PostgreSQL crash")
 		}
 	}
 	return out

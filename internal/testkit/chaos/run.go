@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -21,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/amqpnodes"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/amqpnames"
 	"github.com/idemkit/idem/internal/streamio"
@@ -32,7 +35,13 @@ import (
 
 // env is where a schedule runs: the services, and how to start a worker.
 type env struct {
-	pgURL, amqpURL string
+	// pgURL is PostgreSQL (in cluster mode it lists both nodes, with
+	// target_session_attrs=read-write); amqpURL RabbitMQ, the nodes'
+	// URLs separated by commas in cluster mode; streamURL the stream
+	// protocol (empty: from the environment, see streamio.URLFromEnv).
+	pgURL, amqpURL, streamURL string
+	// cluster is scripts/cluster.sh's topology in cluster mode, else nil.
+	cluster *topology
 	// worker starts a worker process with args; the chaos command runs
 	// itself (`chaos worker`), its test runs the test binary.
 	worker func(args []string) *exec.Cmd
@@ -55,8 +64,8 @@ type runner struct {
 	pgOut          bool   // a PostgreSQL outage is open
 	dir            string // worker logs
 	pool           *pgxpool.Pool
-	pgProxy        *faultproxy.Proxy
-	amqpProxy      *faultproxy.Proxy
+	pgProxies      proxies // one per PostgreSQL node
+	amqpProxies    proxies // one per RabbitMQ node
 	proxyTB        *proxyTB
 	gw             *gateway
 	edge           *edge
@@ -110,7 +119,9 @@ func runSchedule(ctx context.Context, e env, seed uint64, actions []Action) (*re
 			return nil, fmt.Errorf("chaos: action %d (%s): %w", i, a, err)
 		}
 	}
-	r.heal()
+	if err := r.heal(ctx); err != nil {
+		return nil, fmt.Errorf("chaos: ending the faults: %w", err)
+	}
 	r.settle(ctx)
 	rep := newReport(seed, actions)
 	r.obs.note(func(o *observations) { rep.Doors = maps.Clone(o.doors) })
@@ -157,23 +168,13 @@ func (r *runner) setup(ctx context.Context) error {
 	if r.gw, err = startGateway(); err != nil {
 		return err
 	}
-	pgHost, err := hostPort(r.pgURL, "5432")
-	if err != nil {
-		return err
-	}
-	amqpHost, err := hostPort(r.amqpURL, "5672")
-	if err != nil {
-		return err
-	}
-	r.pgProxy = faultproxy.New(r.proxyTB, pgHost)
-	r.amqpProxy = faultproxy.New(r.proxyTB, amqpHost)
-	if err := r.proxyTB.err(); err != nil {
+	if err := r.startProxies(); err != nil {
 		return err
 	}
 	if err := r.declare(ctx); err != nil {
 		return err
 	}
-	if r.pub, err = newPublisher(r.amqpURL); err != nil {
+	if r.pub, err = newPublisher(ctx, amqpList(r.amqpURL)); err != nil {
 		return err
 	}
 	if r.healthAddr, err = freeAddr(); err != nil {
@@ -232,8 +233,98 @@ func (r *runner) declare(ctx context.Context) error {
 	return nil
 }
 
+// startProxies puts a fault proxy in front of each RabbitMQ node and each
+// PostgreSQL host (one of each on a single box).
+func (r *runner) startProxies() error {
+	for _, node := range amqpList(r.amqpURL) {
+		host, err := hostPort(node, "5672")
+		if err != nil {
+			return err
+		}
+		r.amqpProxies = append(r.amqpProxies, faultproxy.New(r.proxyTB, host))
+	}
+	hosts, err := pgHostPorts(r.pgURL)
+	if err != nil {
+		return err
+	}
+	for _, host := range hosts {
+		r.pgProxies = append(r.pgProxies, faultproxy.New(r.proxyTB, host))
+	}
+	return r.proxyTB.err()
+}
+
+// proxiedURLs are the URLs the worker processes get: every node through
+// its proxy.
+func (r *runner) proxiedURLs() (amqpURL, pgURL string) {
+	nodes := amqpList(r.amqpURL)
+	for i := range nodes {
+		nodes[i] = swapHost(nodes[i], r.amqpProxies[i].Addr())
+	}
+	return strings.Join(nodes, ","), swapHost(r.pgURL, strings.Join(r.pgProxies.addrs(), ","))
+}
+
+// proxies are fault proxies acting as one: a fault hits every node.
+type proxies []*faultproxy.Proxy
+
+func (ps proxies) Sever() {
+	for _, p := range ps {
+		p.Sever()
+	}
+}
+
+func (ps proxies) Refuse() {
+	for _, p := range ps {
+		p.Refuse()
+	}
+}
+
+func (ps proxies) Stall() {
+	for _, p := range ps {
+		p.Stall()
+	}
+}
+
+func (ps proxies) Resume() {
+	for _, p := range ps {
+		p.Resume()
+	}
+}
+
+func (ps proxies) addrs() []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Addr()
+	}
+	return out
+}
+
+// amqpList splits a comma-separated list of AMQP URLs (one URL on a
+// single box).
+func amqpList(s string) []string { return splitList(s) }
+
+// pgHostPorts are the host:port of each host a PostgreSQL URL lists
+// (postgres://h1:5432,h2:5433/db).
+func pgHostPorts(raw string) ([]string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return nil, errors.New("chaos: the PostgreSQL URL is not a postgres:// URL with a host")
+	}
+	var out []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			h = net.JoinHostPort(h, "5432")
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
 func (r *runner) flags(amqpURL, pgURL string) workerFlags {
-	return workerFlags{schema: r.schema, queue: r.queue, orderedQueue: r.ordered, stream: r.stream, streamURL: streamio.URLFromEnv(), partQueue: r.partQueue,
+	streamURL := r.streamURL
+	if streamURL == "" {
+		streamURL = streamio.URLFromEnv()
+	}
+	return workerFlags{schema: r.schema, queue: r.queue, orderedQueue: r.ordered, stream: r.stream, streamURL: streamURL, partQueue: r.partQueue,
 		pgURL: pgURL, amqpURL: amqpURL, gatewayURL: r.gw.URL()}
 }
 
@@ -241,7 +332,7 @@ func (r *runner) flags(amqpURL, pgURL string) workerFlags {
 // also consumes the ordered queue and the stream and serves readiness;
 // then come the dispatcher and the edge.
 func (r *runner) workerArgs(i int) []string {
-	f := r.flags(swapHost(r.amqpURL, r.amqpProxy.Addr()), swapHost(r.pgURL, r.pgProxy.Addr()))
+	f := r.flags(r.proxiedURLs())
 	switch i {
 	case edgeProc:
 		return []string{"edge", "-schema", f.schema, "-pg-url", f.pgURL, "-addr", r.edge.addr}
@@ -269,8 +360,9 @@ func (r *runner) close() {
 	if r.pub != nil {
 		r.pub.close()
 	}
-	if r.pgProxy != nil {
-		r.pgProxy.Resume()
+	r.pgProxies.Resume()
+	if err := r.healCluster(context.Background()); err != nil {
+		fmt.Fprintln(r.logOut, "chaos: putting the cluster back:", err)
 	}
 	r.proxyTB.cleanup()
 	if r.gw != nil {
@@ -294,7 +386,7 @@ func (r *runner) close() {
 }
 
 func (r *runner) dropQueues() {
-	conn, err := amqp.DialConfig(r.amqpURL, amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	conn, err := r.dialAMQP(context.Background())
 	if err != nil {
 		return
 	}
@@ -361,6 +453,15 @@ func (t *proxyTB) cleanup() {
 	for i := len(fs) - 1; i >= 0; i-- {
 		fs[i]()
 	}
+}
+
+// dialAMQP connects straight to RabbitMQ: to one of the nodes that
+// answers, in cluster mode.
+func (r *runner) dialAMQP(ctx context.Context) (*amqp.Connection, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	conn, _, err := amqpnodes.Dial(ctx, amqpList(r.amqpURL), amqp.Config{})
+	return conn, err
 }
 
 // hostPort is the host:port of a URL (def when it names no port).

@@ -22,6 +22,9 @@ type savedCase struct {
 	// shrinking.
 	Seed  uint64 `json:"seed"`
 	Found int    `json:"found"`
+	// Cluster marks a schedule of cluster mode: it needs the topology of
+	// scripts/cluster.sh, and the single-box replay skips it.
+	Cluster bool `json:"cluster,omitempty"`
 	// Actions are the shrunk schedule.
 	Actions []Action `json:"actions"`
 }

@@ -65,7 +65,7 @@ type workerFlags struct {
 // mainConfig is the main queue's consumer configuration, shared by the
 // workers and the runner (which declares the queues with it).
 func mainConfig(pool *pgxpool.Pool, f workerFlags) consumer.Config {
-	return consumer.Config{
+	cfg := consumer.Config{
 		Name: mainConsumer, Queue: f.queue, Pool: pool, AMQPURL: f.amqpURL,
 		Tables: idem.Tables{Schema: f.schema}, Workers: 2,
 		MessageID: consumer.IDFromJSONField("id"), Hash: consumer.HashCanonicalJSON,
@@ -73,6 +73,10 @@ func mainConfig(pool *pgxpool.Pool, f workerFlags) consumer.Config {
 		RetryBaseDelay: 200 * time.Millisecond, RetryMaxDelay: time.Second,
 		HandlerTimeout: 5 * time.Second, CommitTimeout: 5 * time.Second,
 	}
+	if nodes := splitList(f.amqpURL); len(nodes) > 1 { // cluster mode: the nodes, comma separated
+		cfg.AMQPURL, cfg.AMQPURLs = "", nodes
+	}
+	return cfg
 }
 
 // orderedConfig is the ordered queue's: one key's messages in order.
