@@ -435,18 +435,8 @@ func (g *gen) next(kind Kind) (Action, bool) {
 			return a, false
 		}
 		g.outage = 1 + r.IntN(4)
-	case KindNodeKill:
-		if g.downFor > 0 {
-			return a, false // one node down at most: a majority keeps serving
-		}
-		a.Node = 1 + r.IntN(clusterNodes)
-		g.down, g.downFor = a.Node, 1+r.IntN(4)
-	case KindPGCrash:
-		if g.outage > 0 {
-			return a, false // the proxies' outage would hide the crash from readiness
-		}
-		a.Fate = pgFates[r.IntN(len(pgFates))]
-		a.Millis = 500 * r.IntN(7)
+	case KindNodeKill, KindPGCrash:
+		return g.nextCluster(kind)
 	case KindRedrive:
 		switch r.IntN(3) {
 		case 0:
@@ -464,6 +454,26 @@ func (g *gen) next(kind Kind) (Action, bool) {
 	case KindWait:
 		a.Millis = 100 * (1 + r.IntN(15))
 	}
+	return a, true
+}
+
+// nextCluster is next for the faults of cluster mode.
+func (g *gen) nextCluster(kind Kind) (Action, bool) {
+	r := g.r
+	a := Action{Kind: kind}
+	if kind == KindNodeKill {
+		if g.downFor > 0 {
+			return a, false // one node down at most: a majority keeps serving
+		}
+		a.Node = 1 + r.IntN(clusterNodes)
+		g.down, g.downFor = a.Node, 1+r.IntN(4)
+		return a, true
+	}
+	if g.outage > 0 {
+		return a, false // the proxies' outage would hide the crash from readiness
+	}
+	a.Fate = pgFates[r.IntN(len(pgFates))]
+	a.Millis = 500 * r.IntN(7)
 	return a, true
 }
 
