@@ -42,7 +42,8 @@ chaos: $(if $(CHAOS_PLAN),,services)
 
 # chaos-cluster: the generative soak on the topology of scripts/cluster.sh
 # (up --sync: 3 RabbitMQ nodes, a PostgreSQL primary and a synchronous
-# standby), for CHAOS_DURATION: the schedules of make chaos plus kill -9 of
+# standby), for CHAOS_DURATION (and at most as long again while an invariant
+# is still unchecked: its schedules are slower): the schedules of make chaos plus kill -9 of
 # a RabbitMQ node (started again a few actions later) and crashes of the
 # PostgreSQL primary (pg_ctl -m immediate), started again (crash recovery)
 # or failed over to the standby. Like cluster-test it starts the topology

@@ -62,8 +62,10 @@
 //
 // -plan prints the schedule of seed N, one action a line, and exits. A run
 // of -duration runs schedules of seeds N, N+1, N+2, … until the budget is
-// spent; the first that fails is shrunk (within -shrink-budget) and saved
-// in -save as NAME.json. -case replays a saved case. The same seed gives
+// spent, and then at most -cover-extra longer while an invariant is still
+// unchecked (0 on the single box; in cluster mode, whose schedules are
+// slower, -duration again); the first that fails is shrunk (within
+// -shrink-budget) and saved in -save as NAME.json. -case replays a saved case. The same seed gives
 // the same actions in the same order; their timing against the workers
 // differs from run to run.
 package main
@@ -112,6 +114,7 @@ type config struct {
 	shrinkBudget time.Duration
 	keep         bool
 	cluster      bool
+	coverExtra   time.Duration
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -164,6 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.shrinkBudget, "shrink-budget", 10*time.Minute, "time allowed to shrink a failing schedule")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the schemas, queues and worker logs")
 	fs.BoolVar(&cfg.cluster, "cluster", false, "run on the topology of scripts/cluster.sh, with node kills and PostgreSQL crashes")
+	fs.DurationVar(&cfg.coverExtra, "cover-extra", -1, "once -duration is spent, go on at most this long while an invariant is unchecked (default: 0; in -cluster mode, -duration)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -171,6 +175,12 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Visit(func(f *flag.Flag) { saveSet = saveSet || f.Name == "save" })
 	if cfg.cluster && !saveSet {
 		cfg.save = clusterSaveDir
+	}
+	if cfg.coverExtra < 0 {
+		cfg.coverExtra = 0
+		if cfg.cluster {
+			cfg.coverExtra = cfg.duration // its schedules are slower: fewer of them fit
+		}
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -218,7 +228,7 @@ func soak(ctx context.Context, e env, cfg config, stdout, stderr io.Writer) int 
 	fmt.Fprintf(stdout, "chaos: seed %d (replay: make %s SEED=%d)\n", cfg.seed, target, cfg.seed)
 	start := time.Now()
 	t := &total{Seed: cfg.seed, All: true, Cluster: cfg.cluster}
-	for i := uint64(0); time.Since(start) < cfg.duration && ctx.Err() == nil; i++ {
+	for i := uint64(0); ctx.Err() == nil && goOn(t, cfg, time.Since(start), stderr); i++ {
 		seed := cfg.seed + i
 		actions := generateFor(seed, cfg.actions, cfg.cluster)
 		rep, err := runSchedule(ctx, e, seed, actions)
@@ -240,6 +250,22 @@ func soak(ctx context.Context, e env, cfg config, stdout, stderr io.Writer) int 
 		return exitFail
 	}
 	return exitPass
+}
+
+// goOn says whether the run starts another schedule after elapsed: within
+// -duration, or within -cover-extra more while some invariant (or, in
+// cluster mode, a cluster fault) is still unchecked.
+func goOn(t *total, cfg config, elapsed time.Duration, stderr io.Writer) bool {
+	if elapsed < cfg.duration {
+		return true
+	}
+	missing := t.missing()
+	if len(missing) == 0 || elapsed >= cfg.duration+cfg.coverExtra {
+		return false
+	}
+	fmt.Fprintf(stderr, "chaos: %s spent, going on (at most %s more) until checked: %s\n",
+		cfg.duration, (cfg.duration + cfg.coverExtra - elapsed).Round(time.Second), strings.Join(missing, ", "))
+	return true
 }
 
 func verdict(ok bool) string {
