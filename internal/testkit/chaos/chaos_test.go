@@ -149,6 +149,30 @@ func TestTheClusterFaultsAreDrawnInClusterModeOnly(t *testing.T) {
 	require.Contains(t, out.String(), "node_kill")
 }
 
+// TestClusterModeSavesWhereTheSingleBoxReplayDoesNotRead: a failing
+// cluster schedule goes to testdata/chaos/cluster (the replay of make
+// test globs testdata/chaos/*.json), and a cluster run may go on after its
+// duration while an invariant is unchecked; the single box keeps its
+// defaults.
+func TestClusterModeSavesWhereTheSingleBoxReplayDoesNotRead(t *testing.T) {
+	t.Parallel()
+	var errs bytes.Buffer
+	single, err := parseFlags([]string{"-duration", "4m"}, &errs)
+	require.NoError(t, err)
+	require.Equal(t, "testdata/chaos", single.save)
+	require.Zero(t, single.coverExtra)
+	cluster, err := parseFlags([]string{"-cluster", "-duration", "4m"}, &errs)
+	require.NoError(t, err)
+	require.Equal(t, clusterSaveDir, cluster.save)
+	require.Equal(t, filepath.Join("testdata", "chaos"), filepath.Dir(cluster.save))
+	require.Equal(t, 4*time.Minute, cluster.coverExtra)
+	dir := t.TempDir()
+	path, err := savedCase{Name: "c", Cluster: true, Actions: []Action{{Kind: KindNodeKill, Node: 2}}}.write(dir)
+	require.NoError(t, err)
+	var out bytes.Buffer
+	require.Equal(t, exitNotRun, replayCase(context.Background(), env{}, path, &out, &errs), "a cluster case replayed without the cluster")
+}
+
 // TestDeltaDebuggingFindsTheMinimalFailingPair: ddmin over a predicate
 // that fails when two given actions are both present keeps exactly them.
 func TestDeltaDebuggingFindsTheMinimalFailingPair(t *testing.T) {
