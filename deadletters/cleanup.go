@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/chunked"
+	"github.com/idemkit/idem/internal/configerr"
 	"github.com/idemkit/idem/internal/timeparts"
 )
 
@@ -31,6 +32,9 @@ func table(tables idem.Tables) timeparts.Table {
 func DeleteBefore(ctx context.Context, pool *pgxpool.Pool, tables idem.Tables, cutoff time.Time, chunk int) (int64, error) {
 	if err := tables.Validate(); err != nil {
 		return 0, fmt.Errorf("deadletters: %w", err)
+	}
+	if chunk <= 0 {
+		return 0, fmt.Errorf("deadletters: %w: the chunk size must be positive, not %d", configerr.ErrConfig, chunk)
 	}
 	t := table(tables)
 	if _, err := t.Ensure(ctx, pool, 0); err != nil {

@@ -162,6 +162,11 @@ WHERE i.indrelid = to_regclass($1) AND NOT i.indisprimary ORDER BY i.indexrelid`
 	if err != nil {
 		return err
 	}
+	var pkName string
+	if err := tx.QueryRow(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'p'`,
+		t.quoted()).Scan(&pkName); err != nil {
+		return fmt.Errorf("read the primary key: %w", err)
+	}
 	var pk []string
 	rows, err = tx.Query(ctx, `SELECT a.attname FROM pg_index AS i
 CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
@@ -184,9 +189,10 @@ WHERE i.indrelid = to_regclass($1) AND i.indisprimary ORDER BY k.n`, t.quoted())
 	steps := []string{
 		"ALTER TABLE " + t.quoted() + " RENAME TO " + pgx.Identifier{t.relation() + "_plain"}.Sanitize(),
 		"CREATE TABLE " + t.quoted() + " (LIKE " + plain + " INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING IDENTITY" +
-			" INCLUDING GENERATED INCLUDING COMMENTS, PRIMARY KEY (" + strings.Join(keys, ", ") + "))" +
-			" PARTITION BY RANGE (" + pgx.Identifier{t.column}.Sanitize() + ")",
+			" INCLUDING GENERATED INCLUDING COMMENTS) PARTITION BY RANGE (" + pgx.Identifier{t.column}.Sanitize() + ")",
 		"DROP TABLE " + plain,
+		"ALTER TABLE " + t.quoted() + " ADD CONSTRAINT " + pgx.Identifier{pkName}.Sanitize() +
+			" PRIMARY KEY (" + strings.Join(keys, ", ") + ")",
 	}
 	// Each definition names the table by the name the partitioned table
 	// takes, and the index by the name the dropped one frees.
