@@ -101,8 +101,9 @@ func (t Table) Width(ctx context.Context, q Querier) (time.Duration, error) {
 	var secs int64
 	err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint FROM `+t.tables.Table("time_partitions")+
 		` WHERE relation = $1`, t.relation()).Scan(&secs)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, nil
+	var pgErr *pgconn.PgError
+	if errors.Is(err, pgx.ErrNoRows) || errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return 0, nil // not laid out, or a schema migrated before time_partitions was
 	}
 	if err != nil {
 		return 0, fmt.Errorf("timeparts: read the partition width of %s: %w", t.relation(), err)
