@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/inbox"
+	"github.com/idemkit/idem/internal/timeparts"
 )
 
 //go:embed sql/*.sql
@@ -105,6 +106,11 @@ type Result struct {
 	Applied []int
 	// Current is the highest version present after the call.
 	Current int
+	// KeptPlain lists the tables UpWith's PartitionWidth left in the plain
+	// layout because they held rows ("dead_letters"): retention deletes
+	// their rows one by one. Run the migration again once they are empty
+	// (after `idem cleanup`) to lay them out in partitions.
+	KeptPlain []string
 }
 
 // Options configures UpWith.
@@ -116,7 +122,11 @@ type Options struct {
 	// Retention then drops whole partitions. An inbox that holds rows is
 	// converted online after the migrations commit, while workers run
 	// (inbox.ConvertPartitioned); a schema partitioned already with this
-	// width is left as it is. Default: the plain layout, one table.
+	// width is left as it is. The dead-letter table is laid out in
+	// partitions of the same width on the time each row was written
+	// when it is empty (deadletters.DeleteBefore then drops them whole); one that holds rows
+	// keeps the plain layout (Result.KeptPlain). Default: the plain layout,
+	// one table each.
 	PartitionWidth time.Duration
 }
 
@@ -152,9 +162,13 @@ func UpWith(ctx context.Context, pool *pgxpool.Pool, t idem.Tables, opts Options
 		err := ib.LayOutPartitioned(ctx, tx, opts.PartitionWidth)
 		if errors.Is(err, inbox.ErrHoldsRows) {
 			convert = true // after the migrations commit, online
-			return nil
+		} else if err != nil {
+			return fmt.Errorf("migrate: %w", err)
 		}
-		if err != nil {
+		err = deadLetters(t).LayOut(ctx, tx, opts.PartitionWidth)
+		if errors.Is(err, timeparts.ErrHoldsRows) {
+			res.KeptPlain = append(res.KeptPlain, "dead_letters")
+		} else if err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}
 		return nil
@@ -172,7 +186,17 @@ func UpWith(ctx context.Context, pool *pgxpool.Pool, t idem.Tables, opts Options
 			return res, fmt.Errorf("migrate: %w", err)
 		}
 	}
+	if ib != nil {
+		if _, err := deadLetters(t).Ensure(ctx, pool, 0); err != nil {
+			return res, fmt.Errorf("migrate: %w", err)
+		}
+	}
 	return res, nil
+}
+
+// deadLetters is the dead-letter table of t, as its time partitions see it.
+func deadLetters(t idem.Tables) timeparts.Table {
+	return timeparts.New(t, "dead_letters", "dead_lettered_at")
 }
 
 // apply applies, in tx, the migrations ms not yet recorded, under the

@@ -10,7 +10,7 @@ import (
 func runMigrate(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("migrate")
 	printSQL := fs.Bool("print-sql", false, "print the SQL instead of applying it (for goose, atlas, …)")
-	width := fs.Duration("partition-width", 0, "lay the inbox out in time partitions this wide (1m to 744h), which retention drops whole; an inbox that holds rows is converted online, while workers run")
+	width := fs.Duration("partition-width", 0, "lay the inbox and the dead letters out in time partitions this wide (1m to 744h), which retention drops whole; an inbox that holds rows is converted online, while workers run")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -36,6 +36,9 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 	}
 	if *width != 0 {
 		e.printf("schema %s: the inbox is partitioned %v wide\n", e.tables.Schema, *width)
+	}
+	for _, t := range res.KeptPlain {
+		e.printf("schema %s: %s holds rows and keeps the plain layout; run this again once `idem cleanup` has emptied it\n", e.tables.Schema, t)
 	}
 	if len(res.Applied) == 0 {
 		e.printf("schema %s is up to date at version %d\n", e.tables.Schema, res.Current)
