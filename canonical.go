@@ -6,7 +6,8 @@ import "github.com/idemkit/idem/internal/canonjson"
 // CanonicalJSON cannot canonicalise its input: a syntax error, invalid UTF-8,
 // an unpaired surrogate escape, a duplicate object key, two keys of one
 // object that differ only in case, nesting deeper than 1,000 arrays and
-// objects, or an exponent with more than 9 significant digits.
+// objects, or a number whose exponent has more than 9 significant digits,
+// as written or in the canonical form (1000e999999997 is 1e+1000000000).
 var ErrInvalidJSON = canonjson.ErrInvalidJSON
 
 // ErrInvalidID is returned (wrapped, with the reason) for an id that has no

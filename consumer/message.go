@@ -89,7 +89,8 @@ func IDFromHeader(name string) IDFunc {
 //
 // A value with no one spelling is refused, never repaired, with reason
 // invalid_id: invalid UTF-8, an unpaired surrogate escape (\ud800), a NUL,
-// a number canonical JSON refuses (an exponent of more than 9 digits),
+// a number canonical JSON refuses (an exponent of more than 9 digits, as
+// written or once canonical),
 // true, false, an array or an object. A body that is not a JSON object
 // idem.CanonicalJSON accepts is refused with invalid_message_id (or
 // decode_error first, under HashCanonicalJSON).

@@ -29,11 +29,19 @@ const MaxDepth = 1000
 // that 1e99999999999999999999 is rejected instead of overflowing.
 const maxExponentDigits = 9
 
+// maxExponent is the largest exponent of maxExponentDigits digits. The
+// canonical form of a number never needs a longer one: a value whose
+// exponent would (1000e999999997, 1e+1000000000) is refused like a long
+// spelled exponent, so that the canonical form of a document always reads
+// back.
+const maxExponent = 999_999_999
+
 // ErrInvalidJSON is returned (wrapped, with the offset and the reason) when
 // Canonical cannot canonicalise its input: a syntax error, invalid UTF-8,
 // an unpaired surrogate escape, a duplicate object key, two keys of one
-// object that differ only in case, nesting deeper than MaxDepth, or an
-// exponent with more than 9 significant digits. It is idem.ErrInvalidJSON.
+// object that differ only in case, nesting deeper than MaxDepth, or a
+// number whose exponent has more than 9 significant digits, as written or
+// in the canonical form. It is idem.ErrInvalidJSON.
 var ErrInvalidJSON = errors.New("idem: invalid JSON")
 
 // Canonical returns one fixed spelling of the JSON value in b, so that
@@ -488,7 +496,13 @@ func (p *jsonParser) number() (string, error) {
 			exp = -exp
 		}
 	}
-	return formatDecimal(neg, intPart, frac, exp), nil
+	out, ok := formatDecimal(neg, intPart, frac, exp)
+	if !ok {
+		// 1000e999999997 is 1e+1000000000: its canonical spelling would
+		// be refused in turn.
+		return "", p.spellingf("exponent has more than %d digits in the canonical form", maxExponentDigits)
+	}
+	return out, nil
 }
 
 func (p *jsonParser) skipDigits() int {
@@ -500,8 +514,10 @@ func (p *jsonParser) skipDigits() int {
 }
 
 // formatDecimal writes the exact value (-1)^neg × intPart.frac × 10^exp the
-// way ECMAScript's Number::toString lays out digits.
-func formatDecimal(neg bool, intPart, frac []byte, exp int64) string {
+// way ECMAScript's Number::toString lays out digits. It reports false, and
+// writes nothing, when that spelling would need an exponent of more than
+// maxExponentDigits digits, which Canonical refuses to read.
+func formatDecimal(neg bool, intPart, frac []byte, exp int64) (string, bool) {
 	digits := make([]byte, 0, len(intPart)+len(frac))
 	digits = append(digits, intPart...)
 	digits = append(digits, frac...)
@@ -510,7 +526,7 @@ func formatDecimal(neg bool, intPart, frac []byte, exp int64) string {
 	lead := len(digits) - len(bytes.TrimLeft(digits, "0"))
 	digits = bytes.TrimRight(digits[lead:], "0")
 	if len(digits) == 0 {
-		return "0"
+		return "0", true
 	}
 	point -= int64(lead)
 	k := int64(len(digits))
@@ -530,6 +546,8 @@ func formatDecimal(neg bool, intPart, frac []byte, exp int64) string {
 		b.WriteString("0.")
 		b.WriteString(strings.Repeat("0", int(-point)))
 		b.Write(digits)
+	case point-1 > maxExponent || point-1 < -maxExponent:
+		return "", false
 	default:
 		b.WriteByte(digits[0])
 		if k > 1 {
@@ -542,7 +560,7 @@ func formatDecimal(neg bool, intPart, frac []byte, exp int64) string {
 		}
 		b.WriteString(strconv.FormatInt(point-1, 10))
 	}
-	return b.String()
+	return b.String(), true
 }
 
 func (v *jsonValue) write(out *bytes.Buffer) {

@@ -27,6 +27,8 @@ func TestCanonicalJSONNormalisesNumbersExactly(t *testing.T) {
 		{"12345678901234567891", "12345678901234567891"},
 		{"0.1000000000000000000000000001", "0.1000000000000000000000000001"},
 		{"1e400", "1e+400"}, {"-1.5e-400", "-1.5e-400"},
+		// The longest exponents the canonical form writes.
+		{"1000e999999996", "1e+999999999"}, {"0.001e-999999996", "1e-999999999"},
 	} {
 		got, err := canonjson.Canonical([]byte(tc.in))
 		require.NoError(t, err, tc.in)
@@ -62,6 +64,9 @@ func TestCanonicalJSONRejectsWhatItCannotCanonicalise(t *testing.T) {
 		"\"\xff\"", "{\"k\xc3\":1}", `"\ud800"`, `"\udc00"`, `"\ud800\u0041"`, `"\ud800x"`,
 		`{"a":1,"a":1}`, `{"a":1,"b":{"c":1,"c":2}}`,
 		`1e1234567890`, `1e-0000012345678901`,
+		// Exponents of 9 digits as written, of 10 once canonical: the
+		// output would not read back.
+		`1000e999999997`, `-0.0001e-999999996`, `12345678901e999999990`,
 		deep,
 	} {
 		_, err := canonjson.Canonical([]byte(in))

@@ -57,7 +57,7 @@ func idProblem(id string) string {
 // A value with no one id spelling is refused with an error wrapping
 // ErrInvalidID: a string with invalid UTF-8, an unpaired surrogate escape
 // (\ud800) or a NUL; a number Canonical refuses (an exponent of more
-// than 9 digits); true, false, an array or an object. A body that
+// than 9 digits, as written or once canonical); true, false, an array or an object. A body that
 // Canonical refuses for any other reason (a syntax error, in the id's
 // value too; invalid UTF-8 or a long exponent elsewhere; a repeated key;
 // keys that differ only in case), or that is not an object, is refused

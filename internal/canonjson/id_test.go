@@ -81,6 +81,7 @@ func TestIDFieldWithNoOneSpellingIsRefusedNeverRepaired(t *testing.T) {
 		`"a\ud800"`, `"\udc00b"`, `"\ud800\u0041"`, // unpaired surrogate escapes
 		`"a\u0000b"`, "\"a\\u0000\"", // NUL
 		`1e1234567890`, `-1e-00000000001234567890`, // an exponent canonical JSON refuses
+		`1000e999999997`, `0.0001e-999999996`, // an exponent canonical JSON would have to write
 		`true`, `false`, `[1]`, `{"n":1}`, `[]`, "[\"\xff\"]",
 	} {
 		for _, body := range []string{`{"invoiceId":` + value + `,"amount":5}`, `{"amount":5,"invoiceId":` + value + `}`} {
