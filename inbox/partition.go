@@ -49,9 +49,9 @@ import (
 // is made once per connection, not per batch. The statement runs as a
 // prepared statement with a generic plan (plan_cache_mode is set to
 // force_generic_plan around it, see partitionPlanSQL), and that plan is
-// made with sequential scans, bitmap scans, hash and merge joins and JIT
-// disabled, so that it is index probes per key whatever the statistics
-// said when it was made: a plan made while a partition was empty or small
+// made with sequential scans, bitmap scans, hash and merge joins,
+// materialized inner sides and JIT disabled, so that it is index probes per
+// key whatever the statistics said when it was made: a plan made while a partition was empty or small
 // would otherwise read that partition whole, per batch or per key, once it
 // has grown. PostgreSQL makes the plan again after each change of a
 // partition (made, attached, dropped, analyzed).
@@ -64,29 +64,35 @@ const (
 	partitionPlanSQL = `WITH saved AS (
 	SELECT set_config('idem.claim_restore', concat_ws(',', current_setting('plan_cache_mode'), current_setting('enable_seqscan'),
 		current_setting('enable_bitmapscan'), current_setting('enable_hashjoin'), current_setting('enable_mergejoin'),
-		current_setting('jit')), true)
+		current_setting('enable_material'), current_setting('jit')), true)
 )
 SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
 	set_config('enable_bitmapscan', 'off', true), set_config('enable_hashjoin', 'off', true),
-	set_config('enable_mergejoin', 'off', true), set_config('jit', 'off', true)
+	set_config('enable_mergejoin', 'off', true), set_config('enable_material', 'off', true), set_config('jit', 'off', true)
 FROM saved`
 	partitionRestoreSQL = `SELECT set_config('plan_cache_mode', split_part(r, ',', 1), true), set_config('enable_seqscan', split_part(r, ',', 2), true),
 	set_config('enable_bitmapscan', split_part(r, ',', 3), true), set_config('enable_hashjoin', split_part(r, ',', 4), true),
-	set_config('enable_mergejoin', split_part(r, ',', 5), true), set_config('jit', split_part(r, ',', 6), true)
+	set_config('enable_mergejoin', split_part(r, ',', 5), true), set_config('enable_material', split_part(r, ',', 6), true),
+	set_config('jit', split_part(r, ',', 7), true)
 FROM current_setting('idem.claim_restore') AS r`
 	// partitionClaimSQL looks each key up once (found: the key, with the
-	// row's hash when there is one), records the sighting on the rows
-	// found that an earlier transaction wrote, and inserts the keys not
-	// found. %[4]s is the layout table, which holds the partition width.
+	// row's partition, address and hash when there is one), records the
+	// sighting on the rows found that an earlier transaction wrote, by
+	// their addresses (a TID scan per partition: no plan of the UPDATE can
+	// read a partition whole), and inserts the keys not found. %[4]s is
+	// the layout table, which holds the partition width.
 	partitionClaimSQL = `WITH u AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)
 ), found AS (
-	SELECT u.c, u.m, u.h, u.k, u.s, u.o, u.l, t.payload_hash AS stored, t.xmin = pg_current_xact_id()::xid AS own
+	SELECT u.c, u.m, u.h, u.k, u.s, u.o, u.l, t.tableoid AS part, t.ctid AS addr, t.payload_hash AS stored,
+		t.xmin = pg_current_xact_id()::xid AS own
 	FROM u LEFT JOIN %[1]s AS t ON t.consumer = u.c AND t.message_id = u.m
 		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), seen AS (
 	UPDATE %[1]s AS t SET seen_at = now(), seen_offset = GREATEST(t.seen_offset, t.stream_offset, f.o, f.l)
-	FROM found AS f WHERE f.stored IS NOT NULL AND NOT f.own AND t.consumer = f.c AND t.message_id = f.m
+	FROM found AS f
+	WHERE t.ctid = ANY (ARRAY(SELECT addr FROM found WHERE stored IS NOT NULL AND NOT own))
+		AND t.tableoid = f.part AND t.ctid = f.addr AND NOT f.own
 		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), added AS (
 	INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
