@@ -40,21 +40,24 @@ import (
 // transaction's now()) is before this statement started. The margin of a
 // width covers the server's clock stepping back by less than that.
 //
-// What a claim costs. Per key: one index probe in each partition from the
-// oldest live one to the one after the partition of now (the default
-// partition, and the legacy one of a converted inbox, included), so the
-// cost per key grows with the number of live partitions, that is with
-// retention / width; a key found costs the same probes again in the UPDATE
-// that records its sighting, and the move of its row. Per batch: the plan
-// is made once per connection, not per batch. The statement runs as a
-// prepared statement with a generic plan (plan_cache_mode is set to
-// force_generic_plan around it, see partitionPlanSQL), and that plan is
-// made with sequential scans, bitmap scans, hash and merge joins,
-// materialized inner sides and JIT disabled, so that it is index probes per
-// key whatever the statistics said when it was made: a plan made while a partition was empty or small
-// would otherwise read that partition whole, per batch or per key, once it
-// has grown. PostgreSQL makes the plan again after each change of a
-// partition (made, attached, dropped, analyzed).
+// What a claim costs. Per key: an advisory lock, and one index probe in
+// each partition from the oldest live one to the one after the partition
+// of now (the default partition, and the legacy one of a converted inbox,
+// included): the cost per key grows linearly with the number of live
+// partitions, about retention / width + 3; the partitions further ahead cost
+// nothing. A key found costs, besides, a read of its row's address in
+// each of those partitions (the UPDATE's TID scans), and the move of its
+// row into the partition of now. Per batch: one round trip, and no
+// planning. The claim runs as a prepared statement on a generic plan
+// (plan_cache_mode is set to force_generic_plan around it, see
+// partitionPlanSQL) made once per connection, and again when a partition
+// is made, attached, dropped or analyzed; the partitions past the bound
+// are pruned when it runs. That plan is made with sequential and bitmap
+// scans, hash and merge joins, materialized inner sides and JIT disabled,
+// so that it is index probes per key whatever the statistics said when it
+// was made: a plan made while a partition was empty or small would
+// otherwise read that partition whole, per batch or per key, once it has
+// grown.
 const (
 	partitionLockSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k`
 	// partitionPlanSQL sets, for the rest of the transaction, the planner
