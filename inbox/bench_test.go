@@ -89,3 +89,31 @@ func BenchmarkClaimBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClaimNewBatchPartitioned claims batches of 200 new messages with
+// ClaimNewBatch per committed transaction on an inbox laid out in
+// partitions a minute wide (the partition of now and four ahead, and the
+// default one): the pipeline's claim, in the partitioned layout.
+func BenchmarkClaimNewBatchPartitioned(b *testing.B) {
+	pool, tables := testdb.Schema(b)
+	ib, err := inbox.New(inbox.Config{Tables: tables})
+	require.NoError(b, err)
+	require.NoError(b, pgx.BeginFunc(b.Context(), pool, func(tx pgx.Tx) error {
+		return ib.LayOutPartitioned(b.Context(), tx, inbox.MinPartitionWidth)
+	}))
+	_, err = ib.EnsurePartitions(b.Context(), pool, 0)
+	require.NoError(b, err)
+	n := 0
+	batch := make([]inbox.Claim, 200)
+	for b.Loop() {
+		for i := range batch {
+			batch[i] = benchClaim(n)
+			n++
+		}
+		require.NoError(b, pgx.BeginFunc(b.Context(), pool, func(tx pgx.Tx) error {
+			_, err := ib.ClaimNewBatch(b.Context(), tx, batch)
+			return err
+		}))
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "rows/s")
+}

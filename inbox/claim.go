@@ -96,12 +96,13 @@ type statements struct {
 	consumers, consumerRows, table                                      string
 	hold, release, held                                                 string
 	partitionLock, partitionClaim, partitionDeleteScope                 string
+	partitionPlan, partitionRestore                                     string
 	heldAmong, forgetPartition                                          string
 	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims  string
 }
 
-func newStatements(table, horizons, holds string) statements {
-	f := func(q string) string { return fmt.Sprintf(q, table, horizons, holds) }
+func newStatements(table, horizons, holds, layout string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table, horizons, holds, layout) }
 	return statements{
 		claim:          f(claimSQL),
 		storedHash:     f(storedHashSQL),
@@ -130,6 +131,8 @@ func newStatements(table, horizons, holds string) statements {
 		touch:          f(touchSQL),
 
 		partitionLock:        partitionLockSQL,
+		partitionPlan:        partitionPlanSQL,
+		partitionRestore:     partitionRestoreSQL,
 		partitionClaim:       f(partitionClaimSQL),
 		partitionDeleteScope: f(partitionDeleteScopeSQL),
 		heldAmong:            f(heldAmongSQL),

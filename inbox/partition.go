@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgplan"
 )
 
 // The partitioned layout (see LayOutPartitioned) keeps the inbox in time
@@ -24,34 +23,88 @@ import (
 //     (partitionLockSQL), in one order for every claimer, so that two
 //     claims of one id never run their check at once, whichever partition
 //     each would insert into;
-//  2. in a second statement, whose snapshot is taken after the locks are
-//     held, it looks every key up in every live partition (an index probe
-//     per partition), records the sighting on the rows it finds (which
-//     moves each of them into the partition of now) and inserts the others
-//     into the partition of now.
+//  2. in a second statement (partitionClaimSQL), whose snapshot is taken
+//     after the locks are held, it looks every key up in every live
+//     partition (an index probe per partition), records the sighting on
+//     the rows it finds (which moves each of them into the partition of
+//     now) and inserts the others into the partition of now.
 //
 // Each partition also has its own unique index on (consumer, message_id),
 // which refuses a second copy in one partition even from a claimer that
 // took no lock.
+//
+// The lookup skips the partitions that start more than one partition
+// width after the statement's start: they hold no row of a locked key. A
+// row of the key that the claim can see was committed by a transaction
+// that held the key's lock before this claim took it, so its sighting (that
+// transaction's now()) is before this statement started. The margin of a
+// width covers the server's clock stepping back by less than that.
+//
+// What a claim costs. Per key: an advisory lock, and one index probe in
+// each partition from the oldest live one to the one after the partition
+// of now (the default partition, and the legacy one of a converted inbox,
+// included): the cost per key grows linearly with the number of live
+// partitions, about retention / width + 3; the partitions further ahead cost
+// nothing. A key found costs, besides, a read of its row's address in
+// each of those partitions (the UPDATE's TID scans), and the move of its
+// row into the partition of now. Per batch: one round trip, and no
+// planning. The claim runs as a prepared statement on a generic plan
+// (plan_cache_mode is set to force_generic_plan around it, see
+// partitionPlanSQL) made once per connection, and again when a partition
+// is made, attached, dropped or analyzed; the partitions past the bound
+// are pruned when it runs. That plan is made with sequential and bitmap
+// scans, hash and merge joins, materialized inner sides and JIT disabled,
+// so that it is index probes per key whatever the statistics said when it
+// was made: a plan made while a partition was empty or small would
+// otherwise read that partition whole, per batch or per key, once it has
+// grown.
 const (
-	partitionLockSQL  = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k`
+	partitionLockSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM unnest($1::bigint[]) AS k`
+	// partitionPlanSQL sets, for the rest of the transaction, the planner
+	// settings the claim is planned with, and keeps the ones they replace
+	// in idem.claim_restore for partitionRestoreSQL, which puts them back
+	// once the claim has run (all three are sent at once, with the claim).
+	partitionPlanSQL = `WITH saved AS (
+	SELECT set_config('idem.claim_restore', concat_ws(',', current_setting('plan_cache_mode'), current_setting('enable_seqscan'),
+		current_setting('enable_bitmapscan'), current_setting('enable_hashjoin'), current_setting('enable_mergejoin'),
+		current_setting('enable_material'), current_setting('jit')), true)
+)
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true),
+	set_config('enable_bitmapscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+	set_config('enable_mergejoin', 'off', true), set_config('enable_material', 'off', true), set_config('jit', 'off', true)
+FROM saved`
+	partitionRestoreSQL = `SELECT set_config('plan_cache_mode', split_part(r, ',', 1), true), set_config('enable_seqscan', split_part(r, ',', 2), true),
+	set_config('enable_bitmapscan', split_part(r, ',', 3), true), set_config('enable_hashjoin', split_part(r, ',', 4), true),
+	set_config('enable_mergejoin', split_part(r, ',', 5), true), set_config('enable_material', split_part(r, ',', 6), true),
+	set_config('jit', split_part(r, ',', 7), true)
+FROM current_setting('idem.claim_restore') AS r`
+	// partitionClaimSQL looks each key up once (found: the key, with the
+	// row's partition, address and hash when there is one), records the
+	// sighting on the rows found that an earlier transaction wrote, by
+	// their addresses (a TID scan per partition: no plan of the UPDATE can
+	// read a partition whole), and inserts the keys not found. %[4]s is
+	// the layout table, which holds the partition width.
 	partitionClaimSQL = `WITH u AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)
 ), found AS (
-	SELECT t.consumer, t.message_id, t.payload_hash, t.xmin = pg_current_xact_id()::xid AS own
-	FROM %[1]s AS t JOIN u ON t.consumer = u.c AND t.message_id = u.m
+	SELECT u.c, u.m, u.h, u.k, u.s, u.o, u.l, t.tableoid AS part, t.ctid AS addr, t.payload_hash AS stored,
+		t.xmin = pg_current_xact_id()::xid AS own
+	FROM u LEFT JOIN %[1]s AS t ON t.consumer = u.c AND t.message_id = u.m
+		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), seen AS (
-	UPDATE %[1]s AS t SET seen_at = now(), seen_offset = GREATEST(t.seen_offset, t.stream_offset, u.o, u.l)
-	FROM u WHERE t.consumer = u.c AND t.message_id = u.m AND t.xmin <> pg_current_xact_id()::xid
+	UPDATE %[1]s AS t SET seen_at = now(), seen_offset = GREATEST(t.seen_offset, t.stream_offset, f.o, f.l)
+	FROM found AS f
+	WHERE t.ctid = ANY (ARRAY(SELECT addr FROM found WHERE stored IS NOT NULL AND NOT own))
+		AND t.tableoid = f.part AND t.ctid = f.addr AND NOT f.own
+		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), added AS (
 	INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
-	SELECT c, m, h, NULLIF(k, ''), s, o, l FROM u
-	WHERE NOT EXISTS (SELECT FROM found AS f WHERE f.consumer = u.c AND f.message_id = u.m)
+	SELECT c, m, h, NULLIF(k, ''), s, o, l FROM found WHERE stored IS NULL
 	RETURNING consumer, message_id, payload_hash
 )
 SELECT consumer, message_id, true, false, payload_hash FROM added
 UNION ALL
-SELECT consumer, message_id, false, own, payload_hash FROM found`
+SELECT c, m, false, own, stored FROM found WHERE stored IS NOT NULL`
 
 	// partitionDeleteScopeSQL is deleteScopeSQL for a partitioned table,
 	// where a row address (ctid) names a row only within its partition.
@@ -92,30 +145,31 @@ func (ib *Inbox) lockKey(consumer, messageID string) int64 {
 // stored hash; a key it does not return was claimed by this transaction
 // before, as with insertBatch.
 func (ib *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, claims []Claim, first map[claimKey]int, idx []int) (map[claimKey]claimed, error) {
-	if _, err := tx.Exec(ctx, ib.sql.partitionLock, ib.lockKeys(claims, idx)); err != nil {
-		return nil, fmt.Errorf("inbox: claim batch of %d: lock the keys: %w", len(idx), err)
-	}
-	// Planned at each execution: a generic plan kept from when the
-	// partition of now was empty would read it whole once it has grown.
-	rows, err := tx.Query(ctx, ib.sql.partitionClaim, pgplan.PlannedNow(tx.Conn(), plainArrays(batchArgs(claims, first, idx))...)...)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
-	}
+	// One round trip: the locks, the planner settings of the claim, the
+	// claim, and the settings put back.
+	var b pgx.Batch
+	b.Queue(ib.sql.partitionLock, ib.lockKeys(claims, idx))
+	b.Queue(ib.sql.partitionPlan)
+	claim := b.Queue(ib.sql.partitionClaim, portable(tx, batchArgs(claims, first, idx))...)
+	b.Queue(ib.sql.partitionRestore)
 	got := make(map[claimKey]claimed, len(idx))
-	var k claimKey
-	var inserted, own bool
-	var raw []byte
-	_, err = pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID, &inserted, &own, &raw}, func() error {
-		h, err := idem.HashFromBytes(raw)
-		if err != nil {
-			return fmt.Errorf("message %q: stored hash: %w", k.messageID, err)
-		}
-		if !own {
-			got[k] = claimed{inserted: inserted, hash: h}
-		}
-		return nil
+	claim.Query(func(rows pgx.Rows) error {
+		var k claimKey
+		var inserted, own bool
+		var raw []byte
+		_, err := pgx.ForEachRow(rows, []any{&k.consumer, &k.messageID, &inserted, &own, &raw}, func() error {
+			h, err := idem.HashFromBytes(raw)
+			if err != nil {
+				return fmt.Errorf("message %q: stored hash: %w", k.messageID, err)
+			}
+			if !own {
+				got[k] = claimed{inserted: inserted, hash: h}
+			}
+			return nil
+		})
+		return err
 	})
-	if err != nil {
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, fmt.Errorf("inbox: claim batch of %d: %w", len(idx), err)
 	}
 	return got, nil

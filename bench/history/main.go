@@ -7,7 +7,7 @@
 // removed).
 //
 //	go run ./bench/history [-duration 30m] [-interval 1m] [-width 1m] [-retention 10m]
-//	    [-cleanup-every 30s] [-workers 2] [-batch 200] [-keep]
+//	    [-cleanup-every 30s] [-workers 2] [-batch 200] [-prefill 0] [-keep]
 //
 // -workers consumers of one Name run consumer.Process (the pipeline of
 // consumer.Run without a broker: identity, inbox claim, handler, commit)
@@ -20,6 +20,17 @@
 // retention drops whole partitions; -width 0 keeps the plain layout, which
 // retention deletes row by row. Run both for the same -duration to compare
 // them.
+//
+// -prefill N loads N rows of history before the load starts, in one
+// INSERT … SELECT generate_series, of the load's consumer, with time-ordered
+// ids older than the load's, last seen evenly over the half retention
+// window before the start, into the partitions of their times, made first,
+// then vacuumed, analyzed and checkpointed.
+// The claim's cost per key grows with the number of live partitions, not
+// with the rows they hold: compare a run with -prefill N to one with
+// -prefill 1, which makes the same partitions and leaves them empty. A
+// -retention of at least twice -duration keeps every prefilled row live to
+// the end.
 //
 // The summary compares the rate of the last five intervals to the first
 // five (fewer when the run is short) and the table bytes at the end to
@@ -62,6 +73,7 @@ type options struct {
 	cleanupEvery time.Duration
 	workers      int
 	batch        int
+	prefill      int64
 	keep         bool
 }
 
@@ -88,12 +100,13 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.cleanupEvery, "cleanup-every", 30*time.Second, "how often a retention pass runs")
 	fs.IntVar(&o.workers, "workers", 2, "consumers of one Name claiming at once")
 	fs.IntVar(&o.batch, "batch", 200, "messages per batch")
+	fs.Int64Var(&o.prefill, "prefill", 0, "rows of history loaded before the load starts")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schema at the end")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	if o.duration <= 0 || o.interval <= 0 || o.retention <= 0 || o.cleanupEvery <= 0 || o.workers <= 0 || o.batch <= 0 || o.width < 0 {
-		return o, errors.New("-duration, -interval, -retention, -cleanup-every, -workers and -batch must be positive, -width not negative")
+	if o.duration <= 0 || o.interval <= 0 || o.retention <= 0 || o.cleanupEvery <= 0 || o.workers <= 0 || o.batch <= 0 || o.width < 0 || o.prefill < 0 {
+		return o, errors.New("-duration, -interval, -retention, -cleanup-every, -workers and -batch must be positive, -width and -prefill not negative")
 	}
 	return o, nil
 }
@@ -152,6 +165,9 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := prefill(ctx, pool, ib, tables, o); err != nil {
+		return err
+	}
 	layout := "plain layout"
 	if o.width > 0 {
 		layout = fmt.Sprintf("partitions %v wide", o.width)
@@ -186,6 +202,50 @@ func run(ctx context.Context, args []string) error {
 		err = errors.Join(err, e)
 	}
 	return err
+}
+
+// prefillSQL loads $1 rows of the consumer "history" last seen evenly over
+// the $2 seconds before now, with UUIDv7-shaped ids older than any new one.
+const prefillSQL = `INSERT INTO %s (consumer, message_id, payload_hash, received_at)
+SELECT 'history', '00000000-0000-7000-8000-' || lpad(to_hex(i), 12, '0'), sha256(int8send(i)),
+	now() - make_interval(secs => $2::float8 * (1 - i::float8 / $1))
+FROM generate_series(1, $1::bigint) AS i`
+
+// prefill loads o.prefill rows of history (see prefillSQL) over half the
+// retention window, into the partitions of their times: their partitions
+// are made first, from one row each in the default partition.
+func prefill(ctx context.Context, pool *pgxpool.Pool, ib *inbox.Inbox, tables idem.Tables, o options) error {
+	if o.prefill == 0 {
+		return nil
+	}
+	start := time.Now()
+	span := (o.retention / 2).Seconds()
+	if o.width > 0 {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(prefillSQL, tables.Table("inbox")),
+			int64(2*span/o.width.Seconds())+2, span); err != nil {
+			return fmt.Errorf("prefill: mark the partitions: %w", err)
+		}
+		if _, err := ib.EnsurePartitions(ctx, pool, 0); err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+		if _, err := pool.Exec(ctx, "TRUNCATE "+tables.Table("inbox")); err != nil {
+			return fmt.Errorf("prefill: %w", err)
+		}
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(prefillSQL, tables.Table("inbox")), o.prefill, span); err != nil {
+		return fmt.Errorf("prefill %d rows: %w", o.prefill, err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE "+tables.Table("inbox")); err != nil {
+		return fmt.Errorf("prefill: %w", err)
+	}
+	// A checkpoint, so that the claims do not pay for writing out the
+	// prefilled pages and imaging them into the WAL (best effort: it
+	// needs the pg_checkpoint role).
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		fmt.Println("prefill: no checkpoint:", err)
+	}
+	fmt.Printf("prefilled %d rows of history over the last %v in %v\n", o.prefill, o.retention/2, time.Since(start).Round(time.Second))
+	return nil
 }
 
 // load processes batches of new messages on w until ctx ends.
