@@ -101,8 +101,8 @@ type statements struct {
 	forgetDiff, learnDiff, transferForget, transferLearn, removeClaims  string
 }
 
-func newStatements(table, horizons, holds, layout string) statements {
-	f := func(q string) string { return fmt.Sprintf(q, table, horizons, holds, layout) }
+func newStatements(table, horizons, holds string) statements {
+	f := func(q string) string { return fmt.Sprintf(q, table, horizons, holds) }
 	return statements{
 		claim:          f(claimSQL),
 		storedHash:     f(storedHashSQL),

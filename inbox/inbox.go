@@ -50,7 +50,7 @@ func New(cfg Config) (*Inbox, error) {
 	t := cfg.Tables.WithDefaults()
 	return &Inbox{
 		maxID:  cfg.MaxIDBytes,
-		sql:    newStatements(t.Table("inbox"), t.Table("inbox_horizons"), t.Table("inbox_holds"), t.Table("inbox_layout")),
+		sql:    newStatements(t.Table("inbox"), t.Table("inbox_horizons"), t.Table("inbox_holds")),
 		tables: t,
 		table:  t.Table("inbox"),
 	}, nil

@@ -33,26 +33,17 @@ import (
 // which refuses a second copy in one partition even from a claimer that
 // took no lock.
 //
-// The lookup skips the partitions that start more than one partition
-// width after the statement's start: they hold no row of a locked key. A
-// row of the key that the claim can see was committed by a transaction
-// that held the key's lock before this claim took it, so its sighting (that
-// transaction's now()) is before this statement started. The margin of a
-// width covers the server's clock stepping back by less than that.
-//
 // What a claim costs. Per key: an advisory lock, and one index probe in
-// each partition from the oldest live one to the one after the partition
-// of now (the default partition, and the legacy one of a converted inbox,
-// included): the cost per key grows linearly with the number of live
-// partitions, about retention / width + 3; the partitions further ahead cost
-// nothing. A key found costs, besides, a read of its row's address in
+// each partition (the default partition, and the legacy one of a converted
+// inbox, included): the cost per key grows linearly with the number of
+// partitions, about retention / width + 6, of which the ones ahead of now,
+// empty, cost little. A key found costs, besides, a read of its row's address in
 // each of those partitions (the UPDATE's TID scans), and the move of its
 // row into the partition of now. Per batch: one round trip, and no
 // planning. The claim runs as a prepared statement on a generic plan
 // (plan_cache_mode is set to force_generic_plan around it, see
 // partitionPlanSQL) made once per connection, and again when a partition
-// is made, attached, dropped or analyzed; the partitions past the bound
-// are pruned when it runs. That plan is made with sequential and bitmap
+// is made, attached, dropped or analyzed. That plan is made with sequential and bitmap
 // scans, hash and merge joins, materialized inner sides and JIT disabled,
 // so that it is index probes per key whatever the statistics said when it
 // was made: a plan made while a partition was empty or small would
@@ -82,21 +73,18 @@ FROM current_setting('idem.claim_restore') AS r`
 	// row's partition, address and hash when there is one), records the
 	// sighting on the rows found that an earlier transaction wrote, by
 	// their addresses (a TID scan per partition: no plan of the UPDATE can
-	// read a partition whole), and inserts the keys not found. %[4]s is
-	// the layout table, which holds the partition width.
+	// read a partition whole), and inserts the keys not found.
 	partitionClaimSQL = `WITH u AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::bigint[]) AS u(c, m, h, k, s, o, l)
 ), found AS (
 	SELECT u.c, u.m, u.h, u.k, u.s, u.o, u.l, t.tableoid AS part, t.ctid AS addr, t.payload_hash AS stored,
 		t.xmin = pg_current_xact_id()::xid AS own
 	FROM u LEFT JOIN %[1]s AS t ON t.consumer = u.c AND t.message_id = u.m
-		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), seen AS (
 	UPDATE %[1]s AS t SET seen_at = now(), seen_offset = GREATEST(t.seen_offset, t.stream_offset, f.o, f.l)
 	FROM found AS f
 	WHERE t.ctid = ANY (ARRAY(SELECT addr FROM found WHERE stored IS NOT NULL AND NOT own))
 		AND t.tableoid = f.part AND t.ctid = f.addr AND NOT f.own
-		AND coalesce(t.seen_at, t.received_at) < statement_timestamp() + (SELECT partition_width FROM %[4]s)
 ), added AS (
 	INSERT INTO %[1]s (consumer, message_id, payload_hash, business_key, source, stream_offset, seen_offset)
 	SELECT c, m, h, NULLIF(k, ''), s, o, l FROM found WHERE stored IS NULL
