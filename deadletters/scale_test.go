@@ -50,11 +50,9 @@ func TestScaleDeleteBeforeReadsEachRowOnceUnderAnOpenSnapshot(t *testing.T) {
 // older rows of the one its cutoff falls in, with a snapshot held open.
 // The counters of a dropped partition go with it (DeleteBefore reads each
 // once, to count its rows): the tables left are held to the bound, per row
-// deleted. The chunks' statement is the plain table's, which the test
-// above runs in both kinds of plan: this one runs it in generic plans only.
-// Run by `make scale`.
+// deleted, in custom and generic plans. Run by `make scale`.
 func TestScalePartitionedDeleteBeforeDropsWholeDaysAndReadsTheRestOnce(t *testing.T) {
-	for _, mode := range []string{testdb.GenericPlans} {
+	for _, mode := range []string{testdb.CustomPlans, testdb.GenericPlans} {
 		t.Run(mode, func(t *testing.T) {
 			_, tables := testdb.Schema(t)
 			pool := testdb.PlanPool(t, mode)
